@@ -1,0 +1,2 @@
+//! kube-proxy-rs
+fn main() {}
