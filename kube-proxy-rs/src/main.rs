@@ -1,2 +1,50 @@
-//! kube-proxy-rs
-fn main() {}
+//! kube-proxy-rs: the binary. Parses kube-proxy's flags, builds the pipeline
+//! (manifest source → tracker → sync loop → iptables proxier) and runs it, or runs a
+//! subcommand (`sandbox`).
+
+mod cli;
+mod proxy;
+mod sandbox;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use cli::{Cli, Command};
+
+fn init_tracing(verbosity: u8) {
+    let default = match verbosity {
+        0 | 1 => "info",
+        2 | 3 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Sandbox(args)) => {
+            init_tracing(0);
+            sandbox::run(args)
+        }
+        None => {
+            init_tracing(cli.proxy.verbosity);
+            proxy::run(cli.proxy)
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -23,7 +23,7 @@ pub use names::{
 };
 pub use object::{
     EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, LoadBalancerIngress,
-    LoadBalancerIpMode, Node, ServicePortSpec, Service, ServiceType, SessionAffinity,
+    LoadBalancerIpMode, Node, Service, ServicePortSpec, ServiceType, SessionAffinity,
     SliceAddressType, TrafficDistribution, TrafficPolicy,
 };
 pub use snapshot::{Changes, Endpoint, ServicePortInfo, Snapshot};
@@ -113,7 +113,11 @@ pub struct UnknownProtocol(pub String);
 
 impl fmt::Display for UnknownProtocol {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "unknown protocol {:?} (expected TCP, UDP or SCTP)", self.0)
+        write!(
+            f,
+            "unknown protocol {:?} (expected TCP, UDP or SCTP)",
+            self.0
+        )
     }
 }
 

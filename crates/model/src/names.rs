@@ -28,7 +28,10 @@ impl fmt::Display for NameError {
 impl std::error::Error for NameError {}
 
 fn err(value: &str, reason: &'static str) -> Result<(), NameError> {
-    Err(NameError { value: value.to_string(), reason })
+    Err(NameError {
+        value: value.to_string(),
+        reason,
+    })
 }
 
 fn check_label(value: &str, first_must_be_alpha: bool) -> Result<(), NameError> {
@@ -43,11 +46,17 @@ fn check_label(value: &str, first_must_be_alpha: bool) -> Result<(), NameError> 
         .iter()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
     {
-        return err(value, "must consist of lower case alphanumeric characters or '-'");
+        return err(
+            value,
+            "must consist of lower case alphanumeric characters or '-'",
+        );
     }
     let first = bytes[0];
     if first_must_be_alpha && !first.is_ascii_lowercase() {
-        return err(value, "must start with a lower case letter (DNS-1035 label)");
+        return err(
+            value,
+            "must start with a lower case letter (DNS-1035 label)",
+        );
     }
     if first == b'-' || bytes[bytes.len() - 1] == b'-' {
         return err(value, "must start and end with an alphanumeric character");
@@ -121,12 +130,18 @@ impl NamespacedName {
     pub fn service(namespace: &str, name: &str) -> Result<Self, NameError> {
         validate_dns_label(namespace)?;
         validate_service_name(name)?;
-        Ok(Self { namespace: namespace.to_string(), name: name.to_string() })
+        Ok(Self {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        })
     }
 
     /// Builds a name without validation; for tests and for names already validated.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: name.into() }
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
     }
 }
 
@@ -154,7 +169,11 @@ pub struct ServicePortName {
 impl ServicePortName {
     /// Builds a ServicePortName from parts.
     pub fn new(service: NamespacedName, port: impl Into<String>, protocol: Protocol) -> Self {
-        Self { service, port: port.into(), protocol }
+        Self {
+            service,
+            port: port.into(),
+            protocol,
+        }
     }
 }
 

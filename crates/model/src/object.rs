@@ -124,7 +124,11 @@ pub struct Service {
 
 impl Service {
     /// A ClusterIP Service with defaults everywhere; a starting point for tests and builders.
-    pub fn cluster_ip(name: NamespacedName, cluster_ip: IpAddr, ports: Vec<ServicePortSpec>) -> Self {
+    pub fn cluster_ip(
+        name: NamespacedName,
+        cluster_ip: IpAddr,
+        ports: Vec<ServicePortSpec>,
+    ) -> Self {
         Service {
             name,
             service_type: ServiceType::ClusterIp,
@@ -177,7 +181,11 @@ pub struct EndpointConditions {
 
 impl Default for EndpointConditions {
     fn default() -> Self {
-        Self { ready: true, serving: true, terminating: false }
+        Self {
+            ready: true,
+            serving: true,
+            terminating: false,
+        }
     }
 }
 
@@ -239,7 +247,8 @@ pub struct Node {
     pub labels: BTreeMap<String, String>,
     /// `spec.podCIDRs` (or `spec.podCIDR`).
     pub pod_cidrs: Vec<IpNet>,
-    /// `status.addresses` of type InternalIP and ExternalIP, in order.
+    /// `status.addresses` of type InternalIP (first; the primary IP is the first of them), then
+    /// those of type ExternalIP.
     pub addresses: Vec<IpAddr>,
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,

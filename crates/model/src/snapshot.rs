@@ -110,6 +110,12 @@ pub struct Snapshot {
     pub node_name: String,
     /// This node's labels, for topology-aware routing.
     pub node_labels: BTreeMap<String, String>,
+    /// This node's addresses of this family from its Node object (InternalIP first), for
+    /// `--nodeport-addresses primary` and the loadBalancerSourceRanges "node IP" rule.
+    pub node_ips: Vec<IpAddr>,
+    /// This node's pod CIDRs of this family (`spec.podCIDRs`), for
+    /// `--detect-local-mode NodeCIDR`.
+    pub node_pod_cidrs: Vec<IpNet>,
     /// Every proxied ServicePortName.
     pub services: BTreeMap<ServicePortName, Arc<ServicePortInfo>>,
     /// Endpoints per ServicePortName, sorted by their `ip:port` text like upstream; only
@@ -124,6 +130,8 @@ impl Snapshot {
             family,
             node_name: node_name.into(),
             node_labels: BTreeMap::new(),
+            node_ips: Vec::new(),
+            node_pod_cidrs: Vec::new(),
             services: BTreeMap::new(),
             endpoints: BTreeMap::new(),
         }

@@ -1,1 +1,22 @@
-//! placeholder
+//! kp-netfilter: host adapters for netfilter.
+//!
+//! The [`iptables`] module (re-exported at the crate root) holds everything the proxier
+//! needs to drive `iptables-restore` / `iptables-save` and everything a test needs to
+//! check what it wrote:
+//!
+//! * a typed rule IR ([`Ruleset`], [`Chain`], [`Rule`], [`Match`], [`Target`]) whose
+//!   `Display` is byte-for-byte the canonical `iptables-save` form;
+//! * parsers for `iptables-save` output ([`parse_save`]) and `iptables-restore` input
+//!   ([`parse_restore`]);
+//! * the [`Iptables`] runner trait, its real implementation [`ExecIptables`] (which runs
+//!   the binaries through an [`Exec`] seam) and a checking fake [`FakeIptables`] that
+//!   applies restore payloads with the kernel's checks.
+//!
+//! This crate deliberately knows nothing about Kubernetes objects: it does not depend on
+//! `kp-model`.
+
+mod error;
+pub mod iptables;
+
+pub use error::{Error, ParseError};
+pub use iptables::*;

@@ -1,1 +1,114 @@
-//! placeholder
+//! kp-proxier: the proxy modes.
+//!
+//! A [`Proxier`] programs one IP family of the node from a [`Snapshot`](kp_model::Snapshot):
+//! it *renders* the desired rules (a pure function, golden-tested) and *reconciles* them with
+//! the kernel in one atomic transaction per sync. Each mode lives in its own module with the
+//! same file set (`names.rs`, `render.rs`, `reconcile.rs`); today: [`iptables`].
+//!
+//! Shared pieces: [`LocalDetector`] (`--detect-local-mode`), [`NodePortAddresses`]
+//! (`--nodeport-addresses`) and the [`Host`] seam (local addresses, sysctls).
+
+pub mod host;
+pub mod iptables;
+pub mod local;
+pub mod nodeport;
+
+pub use host::{FakeHost, Host, RealHost};
+pub use local::{LocalDetector, LocalMatch};
+pub use nodeport::{BadNodePortAddress, NodePortAddresses};
+
+use std::time::Duration;
+
+use kp_model::{Changes, IpFamily, Snapshot};
+
+/// The proxy modes, named as `--proxy-mode` spells them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProxyMode {
+    /// `iptables` (the default on Linux, as upstream).
+    Iptables,
+    /// `nftables`.
+    Nftables,
+    /// `ipvs`.
+    Ipvs,
+}
+
+impl ProxyMode {
+    /// The `--proxy-mode` spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyMode::Iptables => "iptables",
+            ProxyMode::Nftables => "nftables",
+            ProxyMode::Ipvs => "ipvs",
+        }
+    }
+}
+
+/// Errors of a sync or cleanup. A failed sync leaves the kernel as it was (the restore is
+/// all-or-nothing) and the next sync is a full one.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxierError {
+    /// The kernel update command failed; carries the command, exit status and stderr.
+    #[error("{0}")]
+    Netfilter(#[from] kp_netfilter::Error),
+    /// The kernel's current rules could not be read or understood.
+    #[error("cannot read the current {what}: {message}")]
+    ReadState {
+        /// What was being read (e.g. `nat table`).
+        what: String,
+        /// Why it failed.
+        message: String,
+    },
+    /// A host facility (sysctl, interface addresses) failed.
+    #[error("{what}: {source}")]
+    Host {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Invalid configuration (detected when the proxier is built).
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+/// What one sync did, for logs, metrics and benchmarks.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// The family synced.
+    pub family: Option<IpFamily>,
+    /// A full sync (every chain rewritten) rather than a partial one.
+    pub full: bool,
+    /// ServicePortNames in the snapshot.
+    pub service_ports: usize,
+    /// Endpoints in the snapshot.
+    pub endpoints: usize,
+    /// Bytes sent to the kernel tool.
+    pub payload_bytes: usize,
+    /// Rules in the filter table after the sync (ours).
+    pub filter_rules: usize,
+    /// Rules in the nat table after the sync (ours).
+    pub nat_rules: usize,
+    /// Stale chains deleted.
+    pub deleted_chains: usize,
+    /// Time spent rendering.
+    pub render_time: Duration,
+    /// Time spent in the kernel tool (reading state and applying).
+    pub apply_time: Duration,
+}
+
+/// A proxy mode for one IP family.
+pub trait Proxier: Send {
+    /// The mode.
+    fn mode(&self) -> ProxyMode;
+
+    /// The family this proxier programs.
+    fn family(&self) -> IpFamily;
+
+    /// Programs the kernel so it matches `snapshot`. `changes` lists the Services that changed
+    /// since the previous successful sync; with `changes.full_resync_needed` (or after any
+    /// failure, or on the first sync) everything is rewritten.
+    ///
+    /// # Errors
+    /// [`ProxierError`]; the kernel keeps its previous rules, the next sync is full.
+    fn sync(&mut self, snapshot: &Snapshot, changes: &Changes) -> Result<SyncReport, ProxierError>;
+}

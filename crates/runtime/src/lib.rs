@@ -1,1 +1,220 @@
-//! placeholder
+//! kp-runtime: the sync loop between sources, the tracker and a proxier.
+//!
+//! [`SyncLoop`] receives batches of [`SourceEvent`]s, applies them to a
+//! [`Tracker`], and runs the proxier with upstream kube-proxy's bounded-frequency semantics:
+//!
+//! - nothing is synced before Services and EndpointSlices have delivered their initial list;
+//! - a burst of changes is coalesced into one sync, and two syncs are at least
+//!   `min_interval` apart (`--iptables-min-sync-period`, default 1 s), measured from the end
+//!   of one sync to the start of the next;
+//! - after a failed sync the next one is attempted `retry_interval` later
+//!   (`--iptables-sync-period`, default 30 s) and is a full sync;
+//! - at least every `full_interval` (1 h, upstream's `FullSyncPeriod`) everything is
+//!   rewritten even when nothing changed.
+//!
+//! Time comes from tokio, so tests run with paused time.
+
+use std::time::Duration;
+
+use kp_model::SourceEvent;
+use kp_proxier::{Proxier, ProxierError, SyncReport};
+use kp_track::Tracker;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+/// Timing of the sync loop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunnerConfig {
+    /// Minimum time between the end of one sync and the start of the next.
+    pub min_interval: Duration,
+    /// Delay before retrying after a failed sync.
+    pub retry_interval: Duration,
+    /// Maximum time between full syncs.
+    pub full_interval: Duration,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig {
+            min_interval: Duration::from_secs(1),
+            retry_interval: Duration::from_secs(30),
+            full_interval: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Errors that end the loop.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// `--once`: the single sync failed.
+    #[error("sync failed: {0}")]
+    SyncFailed(#[source] ProxierError),
+    /// The source stopped before delivering its initial list.
+    #[error("the source ended before delivering its initial list of Services and EndpointSlices")]
+    SourceEndedEarly,
+    /// The sync task panicked or was cancelled.
+    #[error("the sync task failed: {0}")]
+    Task(String),
+}
+
+/// Whether the loop keeps running or stops after the first sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunMode {
+    /// Keep running until shutdown.
+    Daemon,
+    /// Sync once (after the initial list) and return (`--once`).
+    Once,
+}
+
+/// Counters of a finished loop, for tests and logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoopStats {
+    /// Successful syncs.
+    pub syncs: u64,
+    /// Failed syncs.
+    pub failures: u64,
+    /// Successful full syncs.
+    pub full_syncs: u64,
+    /// The last successful sync's report.
+    pub last_report: Option<SyncReport>,
+}
+
+/// The sync loop for one proxier (one IP family).
+pub struct SyncLoop<P: Proxier + 'static> {
+    tracker: Tracker,
+    proxier: Option<P>,
+    cfg: RunnerConfig,
+    stats: LoopStats,
+}
+
+impl<P: Proxier + 'static> SyncLoop<P> {
+    /// A loop over `tracker` and `proxier` with timing `cfg`.
+    pub fn new(tracker: Tracker, proxier: P, cfg: RunnerConfig) -> Self {
+        SyncLoop {
+            tracker,
+            proxier: Some(proxier),
+            cfg,
+            stats: LoopStats::default(),
+        }
+    }
+
+    /// Runs until `shutdown` resolves (daemon), or after one sync (`RunMode::Once`).
+    ///
+    /// # Errors
+    /// [`RuntimeError::SyncFailed`] when the single sync of `--once` fails;
+    /// [`RuntimeError::SourceEndedEarly`] when `events` closes before initialization.
+    pub async fn run(
+        mut self,
+        mut events: mpsc::Receiver<Vec<SourceEvent>>,
+        mode: RunMode,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<LoopStats, RuntimeError> {
+        tokio::pin!(shutdown);
+        let mut pending = false;
+        let mut events_open = true;
+        let mut last_end: Option<Instant> = None;
+        let mut retry_at: Option<Instant> = None;
+        let mut last_full: Option<Instant> = None;
+        loop {
+            // When may the next sync start?
+            let now = Instant::now();
+            let due = if !self.tracker.is_initialized() {
+                None
+            } else if let Some(at) = retry_at {
+                Some(at)
+            } else if pending || last_end.is_none() {
+                Some(last_end.map_or(now, |e| e + self.cfg.min_interval))
+            } else {
+                last_full.map(|f| f + self.cfg.full_interval)
+            };
+            let sleep = tokio::time::sleep_until(due.unwrap_or(now + Duration::from_secs(86400)));
+            tokio::select! {
+                biased;
+                () = &mut shutdown => {
+                    info!("shutting down; the programmed rules stay in place");
+                    return Ok(self.stats);
+                }
+                batch = events.recv(), if events_open => match batch {
+                    Some(batch) => {
+                        for ev in batch {
+                            pending |= self.tracker.apply(ev);
+                        }
+                    }
+                    None => {
+                        events_open = false;
+                        if !self.tracker.is_initialized() {
+                            return Err(RuntimeError::SourceEndedEarly);
+                        }
+                        warn!("the source stopped; keeping the programmed rules and resyncing periodically");
+                    }
+                },
+                () = sleep, if due.is_some() => {
+                    let full_due = last_full.is_some_and(|f| Instant::now() >= f + self.cfg.full_interval);
+                    pending = false;
+                    retry_at = None;
+                    match self.sync_once(full_due).await? {
+                        Ok(report) => {
+                            if report.full {
+                                last_full = Some(Instant::now());
+                            }
+                            if mode == RunMode::Once {
+                                return Ok(self.stats);
+                            }
+                        }
+                        Err(e) => {
+                            if mode == RunMode::Once {
+                                return Err(RuntimeError::SyncFailed(e));
+                            }
+                            retry_at = Some(Instant::now() + self.cfg.retry_interval.min(self.cfg.full_interval));
+                        }
+                    }
+                    last_end = Some(Instant::now());
+                }
+            }
+        }
+    }
+
+    /// One sync on a blocking thread (the proxier runs external commands).
+    async fn sync_once(
+        &mut self,
+        force_full: bool,
+    ) -> Result<Result<SyncReport, ProxierError>, RuntimeError> {
+        let (snapshot, mut changes) = self.tracker.checkout();
+        changes.full_resync_needed |= force_full;
+        debug!(
+            changed = changes.services.len(),
+            full = changes.full_resync_needed,
+            "syncing"
+        );
+        let Some(mut proxier) = self.proxier.take() else {
+            return Err(RuntimeError::Task(
+                "proxier lost after an earlier failure".into(),
+            ));
+        };
+        let joined = tokio::task::spawn_blocking(move || {
+            let result = proxier.sync(&snapshot, &changes);
+            (proxier, result)
+        })
+        .await;
+        let (proxier, result) = joined.map_err(|e| RuntimeError::Task(e.to_string()))?;
+        self.proxier = Some(proxier);
+        match &result {
+            Ok(report) => {
+                self.stats.syncs += 1;
+                if report.full {
+                    self.stats.full_syncs += 1;
+                }
+                self.stats.last_report = Some(report.clone());
+            }
+            Err(e) => {
+                self.stats.failures += 1;
+                error!(error = %e, retry_in_s = self.cfg.retry_interval.as_secs_f64(), "sync failed; the kernel keeps its previous rules, retrying with a full sync");
+            }
+        }
+        Ok(result)
+    }
+}
+
+#[cfg(test)]
+mod tests;

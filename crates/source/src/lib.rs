@@ -1,1 +1,26 @@
-//! placeholder
+//! kp-source: where Services, EndpointSlices and Nodes come from.
+//!
+//! Today the only source is a set of manifest files (`--manifests PATH`): ordinary Kubernetes
+//! YAML (or JSON), as `kubectl get -o yaml` prints it or as one would `kubectl apply` it.
+//! The crate has three layers:
+//!
+//! - [`convert`]: k8s-openapi objects → validated [`kp_model`] objects. Every value that can end
+//!   up in a rule (names, IPs, CIDRs, ports, enums) is checked here; an object with a problem is
+//!   rejected whole with a [`SourceError::Invalid`] naming the field path. This layer does not
+//!   know about files, so the API-server source can reuse it.
+//! - [`manifests`]: YAML text and files → a [`manifests::ManifestSet`] plus a list of
+//!   [`manifests::ManifestError`]s (one line each, naming file, line, object and field), and
+//!   the [`kp_model::SourceEvent`]s that turn one set into another.
+//! - [`watch`]: the task that loads a path, sends the initial events, then watches the path
+//!   (inotify) and sends the differences whenever it changes.
+
+pub mod convert;
+pub mod manifests;
+pub mod watch;
+
+mod error;
+
+pub use error::SourceError;
+
+#[cfg(test)]
+mod tests;

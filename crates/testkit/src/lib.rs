@@ -1,1 +1,48 @@
-//! placeholder
+//! kp-testkit: the network-namespace harness for integration tests and the sandbox.
+//!
+//! * [`netns`]: [`Netns`] (a named network namespace deleted on drop, threads and
+//!   commands inside it), veth [`link`]s, addresses and routes, and [`Topology`], the
+//!   standard layout of a `node` namespace (where the proxy runs), `client` namespaces on
+//!   the node network and `be<i>` backend ("pod") namespaces behind the node.
+//! * [`backend`]: [`HttpBackend`] and [`UdpEchoBackend`], which answer with their name
+//!   and record the peer address of every connection.
+//! * [`client`]: [`http_get`], [`http_get_many`], [`udp_request`] and [`UdpClient`], with
+//!   outcomes classified by [`ClientError`] (refused / timeout / unreachable).
+//! * [`process`]: [`ChildGuard`] (a child process stopped on drop) and [`wait_for`].
+//!
+//! Everything created lives in namespaces this crate creates; the root network namespace
+//! is never changed. All of it needs root: tests call [`require_root`] first.
+//!
+//! ```no_run
+//! use std::net::SocketAddr;
+//! use std::time::Duration;
+//! use kp_model::IpFamily;
+//! use kp_testkit::{Topology, http_get, require_root};
+//!
+//! if !require_root() {
+//!     return Ok(());
+//! }
+//! let topology = Topology::builder().backends(2).build()?;
+//! let _servers = topology.start_http(8080)?;
+//! let pod = topology.backend(1).ip(IpFamily::V4).unwrap();
+//! let reply = http_get(topology.client(), SocketAddr::new(pod, 8080), Duration::from_secs(2))?;
+//! assert_eq!(reply.name(), "be1");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+pub mod backend;
+pub mod client;
+pub mod error;
+pub mod netns;
+pub mod process;
+
+pub use backend::{HttpBackend, UdpEchoBackend};
+pub use client::{
+    ClientError, HttpReply, UdpClient, UdpReply, http_get, http_get_many, udp_request,
+};
+pub use error::{Error, Result};
+pub use netns::{
+    BackendPod, ClientHost, FamilyPlan, Netns, Topology, TopologyBuilder, add_address, add_route,
+    add_route_dev, cleanup_stale, link, list_namespaces, require_root, veth,
+};
+pub use process::{ChildGuard, wait_for};

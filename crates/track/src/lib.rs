@@ -1,1 +1,22 @@
-//! placeholder
+//! kp-track: pure, synchronous change tracking.
+//!
+//! The [`Tracker`] holds the latest Service, EndpointSlice and Node objects a source
+//! delivered, remembers which Services changed since the last [`Tracker::checkout`], and
+//! builds the per-family [`Snapshot`](kp_model::Snapshot) a proxier renders:
+//!
+//! - Services become one [`ServicePortInfo`](kp_model::ServicePortInfo) per port; ExternalName
+//!   and headless Services, and Services without a cluster IP of the tracker's family, are
+//!   skipped (upstream's `ShouldSkipService`).
+//! - EndpointSlices are merged per Service: an endpoint (`ip:port`) present in two slices is
+//!   counted once, a local copy winning; endpoints are matched to Service ports by port name
+//!   and protocol, and sorted by their `ip:port` text like upstream's endpoints map.
+//! - [`categorize`] implements endpoint selection: traffic policies, topology hints and the
+//!   terminating-endpoint fallback (upstream's `CategorizeEndpoints`).
+//!
+//! Nothing here does I/O or depends on the Kubernetes API types.
+
+mod topology;
+mod tracker;
+
+pub use topology::{Categorized, categorize};
+pub use tracker::Tracker;

@@ -1,0 +1,499 @@
+//! The [`Iptables`] runner trait (the seam the proxier uses), its real implementation
+//! [`ExecIptables`], and the [`Exec`] seam under it ([`SystemExec`] runs processes,
+//! [`ScriptedExec`] records argv + stdin and answers from a closure, for tests).
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use super::ir::{IpVersion, Table};
+use crate::error::{Error, command_line};
+
+/// How long `iptables-restore` waits for the xtables lock (`--wait=5`).
+pub const RESTORE_WAIT_SECONDS: u32 = 5;
+
+/// Which netfilter backend a binary drives, as reported by `iptables --version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum NetfilterBackend {
+    /// `(nf_tables)`: iptables-nft.
+    NfTables,
+    /// `(legacy)`, or no backend shown (versions before 1.8).
+    Legacy,
+}
+
+impl NetfilterBackend {
+    /// `"nf_tables"` or `"legacy"`, as `iptables --version` prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            NetfilterBackend::NfTables => "nf_tables",
+            NetfilterBackend::Legacy => "legacy",
+        }
+    }
+}
+
+/// A parsed `iptables --version`: `iptables v1.8.9 (nf_tables)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IptablesVersion {
+    /// Major version.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+    /// Patch version.
+    pub patch: u32,
+    /// Backend.
+    pub backend: NetfilterBackend,
+}
+
+impl IptablesVersion {
+    /// Parses the output of `iptables --version` / `ip6tables --version`
+    /// (`iptables v1.8.9 (nf_tables)`, `ip6tables v1.8.7 (legacy)`, `iptables v1.6.1`).
+    pub fn parse(output: &str) -> Result<IptablesVersion, String> {
+        let line = output.lines().next().unwrap_or("").trim();
+        let word = line
+            .split_whitespace()
+            .find(|w| w.starts_with('v') && w[1..].starts_with(|c: char| c.is_ascii_digit()))
+            .ok_or_else(|| "no `vX.Y.Z' in output".to_string())?;
+        let mut nums = word[1..].split('.').map(|n| n.parse::<u32>());
+        let mut next = |what: &str| match nums.next() {
+            Some(Ok(n)) => Ok(n),
+            None if what == "patch" => Ok(0),
+            _ => Err(format!("bad {what} version in `{word}'")),
+        };
+        let (major, minor, patch) = (next("major")?, next("minor")?, next("patch")?);
+        let backend = if line.contains("(nf_tables)") {
+            NetfilterBackend::NfTables
+        } else {
+            NetfilterBackend::Legacy
+        };
+        Ok(IptablesVersion {
+            major,
+            minor,
+            patch,
+            backend,
+        })
+    }
+
+    fn at_least(&self, major: u32, minor: u32, patch: u32) -> bool {
+        (self.major, self.minor, self.patch) >= (major, minor, patch)
+    }
+
+    /// Whether `MASQUERADE --random-fully` is supported (iptables >= 1.6.2).
+    pub fn supports_random_fully(&self) -> bool {
+        self.at_least(1, 6, 2)
+    }
+
+    /// Whether `iptables-restore` accepts `--wait` (iptables >= 1.6.2).
+    pub fn supports_restore_wait(&self) -> bool {
+        self.at_least(1, 6, 2)
+    }
+}
+
+/// The runner the proxier drives. Implementations: [`ExecIptables`] (the real
+/// binaries) and [`crate::FakeIptables`] (an in-memory checking fake).
+pub trait Iptables: Send + Sync {
+    /// The family this runner manages: V4 → `iptables-*`, V6 → `ip6tables-*`.
+    fn ip_version(&self) -> IpVersion;
+    /// Runs `iptables-restore --noflush --counters` (plus `--wait=5` where supported)
+    /// with `payload` on stdin. Each `*table ... COMMIT` block is applied atomically;
+    /// on failure the error carries the command line, exit status and stderr.
+    fn restore(&self, payload: &[u8]) -> Result<(), Error>;
+    /// Runs `iptables-save [-t TABLE]` and returns its output.
+    fn save(&self, table: Option<Table>) -> Result<String, Error>;
+    /// Runs `iptables --version` and parses it.
+    fn version(&self) -> Result<IptablesVersion, Error>;
+}
+
+/// The result of running a command through an [`Exec`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// Exit status; 128 + N when killed by signal N.
+    pub status: i32,
+    /// Standard output.
+    pub stdout: Vec<u8>,
+    /// Standard error.
+    pub stderr: Vec<u8>,
+}
+
+impl ExecOutput {
+    /// A successful run printing `stdout`.
+    pub fn ok(stdout: impl Into<Vec<u8>>) -> Self {
+        ExecOutput {
+            status: 0,
+            stdout: stdout.into(),
+            stderr: Vec::new(),
+        }
+    }
+
+    /// A failed run with `status` and `stderr`.
+    pub fn failed(status: i32, stderr: impl Into<Vec<u8>>) -> Self {
+        ExecOutput {
+            status,
+            stdout: Vec::new(),
+            stderr: stderr.into(),
+        }
+    }
+}
+
+/// The process-running seam: runs `argv` (program first) with `stdin` and returns the
+/// exit status and outputs. Errors are only for failing to run at all
+/// ([`Error::BinaryNotFound`], [`Error::Io`]); a non-zero exit is a normal
+/// [`ExecOutput`].
+pub trait Exec: Send + Sync {
+    /// Runs one command to completion.
+    fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<ExecOutput, Error>;
+
+    /// The command line `run(argv, ..)` executes, for error messages (the default is
+    /// `argv` joined with spaces, quoting arguments that need it).
+    fn command_line(&self, argv: &[String]) -> String {
+        command_line(argv)
+    }
+}
+
+/// Runs real processes (looked up on `PATH`), optionally behind a prefix such as
+/// `ip netns exec NAME`.
+///
+/// Stdin is written from a separate thread while stdout and stderr are collected, so
+/// a child that exits early (or never reads) cannot make the caller hang; a broken pipe
+/// while writing is ignored in favour of the child's exit status.
+#[derive(Debug, Clone, Default)]
+pub struct SystemExec {
+    prefix: Vec<String>,
+}
+
+impl SystemExec {
+    /// Runs commands directly.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs every command as `PREFIX... argv...`, e.g. `["ip", "netns", "exec", "ns1"]`.
+    pub fn with_prefix(prefix: Vec<String>) -> Self {
+        SystemExec { prefix }
+    }
+}
+
+impl Exec for SystemExec {
+    fn command_line(&self, argv: &[String]) -> String {
+        let full: Vec<String> = self.prefix.iter().chain(argv).cloned().collect();
+        command_line(&full)
+    }
+
+    fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<ExecOutput, Error> {
+        let full: Vec<String> = self.prefix.iter().chain(argv).cloned().collect();
+        let command = command_line(&full);
+        let Some((program, args)) = full.split_first() else {
+            return Err(Error::Io {
+                command,
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
+            });
+        };
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| {
+                if source.kind() == std::io::ErrorKind::NotFound {
+                    Error::BinaryNotFound {
+                        binary: program.clone(),
+                        command: command.clone(),
+                    }
+                } else {
+                    Error::Io {
+                        command: command.clone(),
+                        source,
+                    }
+                }
+            })?;
+        let pipe = child.stdin.take();
+        let (output, write_result) = std::thread::scope(|s| {
+            let writer = s.spawn(move || -> std::io::Result<()> {
+                if let (Some(mut pipe), Some(data)) = (pipe, stdin) {
+                    pipe.write_all(data)?;
+                    // Dropping `pipe` closes the child's stdin.
+                }
+                Ok(())
+            });
+            let output = child.wait_with_output();
+            let write_result = writer.join();
+            (output, write_result)
+        });
+        let output = output.map_err(|source| Error::Io {
+            command: command.clone(),
+            source,
+        })?;
+        match write_result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Ok(Err(source)) => return Err(Error::Io { command, source }),
+            Err(_) => {
+                return Err(Error::Io {
+                    command,
+                    source: std::io::Error::other("stdin writer thread panicked"),
+                });
+            }
+        }
+        Ok(ExecOutput {
+            status: exit_code(output.status),
+            stdout: output.stdout,
+            stderr: output.stderr,
+        })
+    }
+}
+
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt as _;
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// One call recorded by [`ScriptedExec`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecCall {
+    /// The argv (program first).
+    pub argv: Vec<String>,
+    /// What was written to stdin, if anything.
+    pub stdin: Option<Vec<u8>>,
+}
+
+type Handler = dyn Fn(&[String], Option<&[u8]>) -> ExecOutput + Send + Sync;
+
+/// A scripted [`Exec`] for tests: records every call and answers with a closure, so a
+/// test can assert the exact argv and stdin without running anything.
+pub struct ScriptedExec {
+    handler: Box<Handler>,
+    calls: Mutex<Vec<ExecCall>>,
+}
+
+impl ScriptedExec {
+    /// Answers every call with `handler(argv, stdin)`.
+    pub fn new(
+        handler: impl Fn(&[String], Option<&[u8]>) -> ExecOutput + Send + Sync + 'static,
+    ) -> Self {
+        ScriptedExec {
+            handler: Box::new(handler),
+            calls: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Every call so far, in order.
+    pub fn calls(&self) -> Vec<ExecCall> {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl Exec for ScriptedExec {
+    fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<ExecOutput, Error> {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(ExecCall {
+                argv: argv.to_vec(),
+                stdin: stdin.map(<[u8]>::to_vec),
+            });
+        Ok((self.handler)(argv, stdin))
+    }
+}
+
+/// Which binaries [`ExecIptables`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Backend {
+    /// `iptables`, `iptables-restore`, `iptables-save` (whatever the host's
+    /// alternatives point at).
+    #[default]
+    Default,
+    /// `iptables-nft`, `iptables-nft-restore`, `iptables-nft-save`.
+    Nft,
+    /// `iptables-legacy`, `iptables-legacy-restore`, `iptables-legacy-save`.
+    Legacy,
+}
+
+/// One of the three iptables programs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Tool {
+    /// `iptables` itself (for `--version`).
+    Main,
+    /// `iptables-restore`.
+    Restore,
+    /// `iptables-save`.
+    Save,
+}
+
+/// The real [`Iptables`]: runs the binaries chosen by [`IpVersion`] and [`Backend`]
+/// through an [`Exec`].
+///
+/// * `restore` runs `iptables-restore --noflush --counters --wait=5` with the payload on
+///   stdin. `--noflush` because the proxier writes only its own chains and must not
+///   wipe other users' rules; `--counters` so `[p:b]` values in the payload are honoured
+///   rather than ignored; `--wait=5` (only when `iptables --version` says >= 1.6.2, the
+///   first restore that accepts it) to wait up to 5 s for the xtables lock held by
+///   another iptables invocation instead of failing at once. The `--wait=N` form is used
+///   because older restores parse `-w` with an *optional* argument, where `-w 5` would
+///   read `5` as the input file name. The version is asked once and cached.
+/// * `save` runs `iptables-save` or `iptables-save -t TABLE`.
+/// * `version` runs `iptables --version`.
+///
+/// A non-zero exit becomes [`Error::Command`] (command line, status, stderr); a missing
+/// binary [`Error::BinaryNotFound`] naming it.
+pub struct ExecIptables {
+    ip_version: IpVersion,
+    backend: Backend,
+    exec: Arc<dyn Exec>,
+    version: Mutex<Option<IptablesVersion>>,
+}
+
+impl ExecIptables {
+    /// Runs real processes with [`SystemExec`].
+    pub fn new(ip_version: IpVersion, backend: Backend) -> Self {
+        Self::with_exec(ip_version, backend, Arc::new(SystemExec::new()))
+    }
+
+    /// Runs commands through `exec` (e.g. a [`ScriptedExec`] or a [`SystemExec`] with
+    /// an `ip netns exec` prefix).
+    pub fn with_exec(ip_version: IpVersion, backend: Backend, exec: Arc<dyn Exec>) -> Self {
+        ExecIptables {
+            ip_version,
+            backend,
+            exec,
+            version: Mutex::new(None),
+        }
+    }
+
+    /// The binary name for `tool`, e.g. `ip6tables-legacy-restore`.
+    pub fn binary(&self, tool: Tool) -> String {
+        let family = match self.ip_version {
+            IpVersion::V4 => "iptables",
+            IpVersion::V6 => "ip6tables",
+        };
+        let backend = match self.backend {
+            Backend::Default => "",
+            Backend::Nft => "-nft",
+            Backend::Legacy => "-legacy",
+        };
+        let tool = match tool {
+            Tool::Main => "",
+            Tool::Restore => "-restore",
+            Tool::Save => "-save",
+        };
+        format!("{family}{backend}{tool}")
+    }
+
+    /// The argv `restore` runs, given whether `--wait` is supported.
+    pub fn restore_argv(&self, wait: bool) -> Vec<String> {
+        let mut argv = vec![
+            self.binary(Tool::Restore),
+            "--noflush".to_string(),
+            "--counters".to_string(),
+        ];
+        if wait {
+            argv.push(format!("--wait={RESTORE_WAIT_SECONDS}"));
+        }
+        argv
+    }
+
+    fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<Vec<u8>, Error> {
+        let out = self.exec.run(argv, stdin)?;
+        if out.status != 0 {
+            return Err(Error::Command {
+                command: self.exec.command_line(argv),
+                status: out.status,
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
+        }
+        Ok(out.stdout)
+    }
+
+    fn cached_version(&self) -> Result<IptablesVersion, Error> {
+        if let Some(v) = *self.version.lock().unwrap_or_else(PoisonError::into_inner) {
+            return Ok(v);
+        }
+        self.version()
+    }
+}
+
+impl Iptables for ExecIptables {
+    fn ip_version(&self) -> IpVersion {
+        self.ip_version
+    }
+
+    fn restore(&self, payload: &[u8]) -> Result<(), Error> {
+        let wait = self.cached_version()?.supports_restore_wait();
+        let argv = self.restore_argv(wait);
+        tracing::debug!(command = %self.exec.command_line(&argv), bytes = payload.len(), "iptables-restore");
+        self.run(&argv, Some(payload)).map(drop)
+    }
+
+    fn save(&self, table: Option<Table>) -> Result<String, Error> {
+        let mut argv = vec![self.binary(Tool::Save)];
+        if let Some(t) = table {
+            argv.push("-t".to_string());
+            argv.push(t.name().to_string());
+        }
+        let out = self.run(&argv, None)?;
+        Ok(String::from_utf8(out)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
+    }
+
+    fn version(&self) -> Result<IptablesVersion, Error> {
+        let argv = vec![self.binary(Tool::Main), "--version".to_string()];
+        let out = self.run(&argv, None)?;
+        let text = String::from_utf8_lossy(&out).into_owned();
+        let v = IptablesVersion::parse(&text).map_err(|message| Error::Version {
+            command: self.exec.command_line(&argv),
+            output: text.trim().to_string(),
+            message,
+        })?;
+        *self.version.lock().unwrap_or_else(PoisonError::into_inner) = Some(v);
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_versions() {
+        let v = IptablesVersion::parse("iptables v1.8.9 (nf_tables)\n").unwrap();
+        assert_eq!((v.major, v.minor, v.patch), (1, 8, 9));
+        assert_eq!(v.backend, NetfilterBackend::NfTables);
+        assert!(v.supports_random_fully());
+        let v = IptablesVersion::parse("ip6tables v1.8.7 (legacy)").unwrap();
+        assert_eq!(v.backend, NetfilterBackend::Legacy);
+        let v = IptablesVersion::parse("iptables v1.6.1").unwrap();
+        assert_eq!(v.backend, NetfilterBackend::Legacy);
+        assert!(!v.supports_random_fully());
+        assert!(!v.supports_restore_wait());
+        assert!(
+            IptablesVersion::parse("iptables v1.6.2")
+                .unwrap()
+                .supports_random_fully()
+        );
+        assert!(IptablesVersion::parse("iptables 1.8").is_err());
+        assert!(IptablesVersion::parse("").is_err());
+        assert!(IptablesVersion::parse("iptables vx.y").is_err());
+    }
+
+    #[test]
+    fn binary_names() {
+        let b = |v, be, t| ExecIptables::new(v, be).binary(t);
+        assert_eq!(
+            b(IpVersion::V4, Backend::Default, Tool::Restore),
+            "iptables-restore"
+        );
+        assert_eq!(
+            b(IpVersion::V6, Backend::Legacy, Tool::Save),
+            "ip6tables-legacy-save"
+        );
+        assert_eq!(b(IpVersion::V4, Backend::Nft, Tool::Main), "iptables-nft");
+    }
+}

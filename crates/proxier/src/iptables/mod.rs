@@ -1,0 +1,309 @@
+//! iptables mode: upstream kube-proxy's rule layout, applied with one
+//! `iptables-restore --noflush --counters` per sync.
+//!
+//! [`IptablesProxier`] ties [`render`] (snapshot → rules) to [`reconcile`] (rules + kernel
+//! state → restore payload) and to an [`Iptables`] runner. The first sync, any sync after a
+//! failure and any sync with `full_resync_needed` read the kernel's tables (`iptables-save`)
+//! to add missing jump rules and delete stale chains; other syncs are partial and rewrite only
+//! the chains of Services that changed. [`cleanup`] implements `--cleanup`.
+
+pub mod names;
+pub mod reconcile;
+pub mod render;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use kp_model::{Changes, IpFamily, Snapshot};
+use kp_netfilter::{Iptables, Table};
+use tracing::{debug, info, warn};
+
+use crate::{Host, LocalDetector, NodePortAddresses, Proxier, ProxierError, ProxyMode, SyncReport};
+use reconcile::{CleanupPlan, KernelTable, KernelTables};
+use render::{RenderConfig, Rendered};
+
+/// Settings of iptables mode, named after kube-proxy's flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IptablesConfig {
+    /// `--masquerade-all`.
+    pub masquerade_all: bool,
+    /// `--iptables-masquerade-bit` (0..=31, default 14): the mark is `1 << bit`.
+    pub masquerade_bit: u8,
+    /// `--detect-local-mode` with its CIDRs or interface.
+    pub local_detector: LocalDetector,
+    /// `--nodeport-addresses`.
+    pub nodeport_addresses: NodePortAddresses,
+    /// `--iptables-localhost-nodeports` (default true; IPv4 only).
+    pub localhost_nodeports: bool,
+    /// `--conntrack-tcp-be-liberal`: when set, the INVALID drop is not written.
+    pub conntrack_tcp_be_liberal: bool,
+}
+
+impl Default for IptablesConfig {
+    fn default() -> Self {
+        IptablesConfig {
+            masquerade_all: false,
+            masquerade_bit: 14,
+            local_detector: LocalDetector::None,
+            nodeport_addresses: NodePortAddresses::all(),
+            localhost_nodeports: true,
+            conntrack_tcp_be_liberal: false,
+        }
+    }
+}
+
+/// The sysctl that lets the kernel route packets to 127.0.0.0/8 after DNAT.
+const ROUTE_LOCALNET: &str = "net/ipv4/conf/all/route_localnet";
+
+/// iptables-mode proxier for one family.
+pub struct IptablesProxier<I: Iptables> {
+    family: IpFamily,
+    cfg: IptablesConfig,
+    ipt: I,
+    host: Arc<dyn Host>,
+    random_fully: bool,
+    needs_full: bool,
+    setup_done: bool,
+    /// Per-Service chains in the kernel after the last successful sync.
+    previous_chains: HashSet<String>,
+}
+
+impl<I: Iptables> std::fmt::Debug for IptablesProxier<I> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IptablesProxier")
+            .field("family", &self.family)
+            .field("cfg", &self.cfg)
+            .field("random_fully", &self.random_fully)
+            .field("needs_full", &self.needs_full)
+            .finish()
+    }
+}
+
+impl<I: Iptables> IptablesProxier<I> {
+    /// Builds a proxier. Asks the runner for the iptables version to decide whether
+    /// `MASQUERADE --random-fully` is available (iptables >= 1.6.2), as upstream does.
+    ///
+    /// # Errors
+    /// [`ProxierError::Config`] for a masquerade bit outside 0..=31.
+    pub fn new(
+        family: IpFamily,
+        cfg: IptablesConfig,
+        ipt: I,
+        host: Arc<dyn Host>,
+    ) -> Result<Self, ProxierError> {
+        if cfg.masquerade_bit > 31 {
+            return Err(ProxierError::Config(format!(
+                "--iptables-masquerade-bit must be within 0..=31, got {}",
+                cfg.masquerade_bit
+            )));
+        }
+        let random_fully = match ipt.version() {
+            Ok(v) => v.supports_random_fully(),
+            Err(e) => {
+                warn!(error = %e, "cannot read the iptables version; not using MASQUERADE --random-fully");
+                false
+            }
+        };
+        Ok(IptablesProxier {
+            family,
+            cfg,
+            ipt,
+            host,
+            random_fully,
+            needs_full: true,
+            setup_done: false,
+            previous_chains: HashSet::new(),
+        })
+    }
+
+    /// The runner (for tests and dry runs that inspect it).
+    pub fn runner(&self) -> &I {
+        &self.ipt
+    }
+
+    fn localhost_nodeports(&self) -> bool {
+        self.family == IpFamily::V4
+            && self.cfg.localhost_nodeports
+            && self.cfg.nodeport_addresses.contains_loopback(IpFamily::V4)
+    }
+
+    /// The render settings for `snap`, resolving NodePort addresses against the node.
+    ///
+    /// # Errors
+    /// [`ProxierError::Host`] when local addresses are needed and cannot be read.
+    pub fn render_config(&self, snap: &Snapshot) -> Result<RenderConfig, ProxierError> {
+        let nodeport_ips = if self.cfg.nodeport_addresses.match_all(self.family) {
+            None
+        } else {
+            let local = self
+                .host
+                .local_addresses()
+                .map_err(|source| ProxierError::Host {
+                    what: "reading local addresses".into(),
+                    source,
+                })?;
+            Some(
+                self.cfg
+                    .nodeport_addresses
+                    .node_ips(self.family, &local, &snap.node_ips),
+            )
+        };
+        Ok(RenderConfig {
+            masquerade_all: self.cfg.masquerade_all,
+            masquerade_mark: 1u32 << self.cfg.masquerade_bit,
+            local: self
+                .cfg
+                .local_detector
+                .for_family(self.family, &snap.node_pod_cidrs),
+            random_fully: self.random_fully,
+            localhost_nodeports: self.localhost_nodeports(),
+            nodeport_ips,
+            drop_invalid: !self.cfg.conntrack_tcp_be_liberal,
+            kube_firewall: self.family == IpFamily::V4,
+        })
+    }
+
+    /// Renders the whole ruleset for `snap` (no kernel access besides local addresses).
+    ///
+    /// # Errors
+    /// As [`render_config`](Self::render_config).
+    pub fn render_full(&self, snap: &Snapshot) -> Result<Rendered, ProxierError> {
+        Ok(render::render(snap, &self.render_config(snap)?, None))
+    }
+
+    fn setup(&mut self) {
+        if self.setup_done {
+            return;
+        }
+        self.setup_done = true;
+        if self.localhost_nodeports() {
+            match self.host.set_sysctl(ROUTE_LOCALNET, "1") {
+                Ok(()) => debug!("set {ROUTE_LOCALNET}=1 for localhost NodePorts"),
+                Err(e) => {
+                    warn!(error = %e, "cannot set {ROUTE_LOCALNET}=1: NodePorts on 127.0.0.1 will not work")
+                }
+            }
+        }
+    }
+
+    fn read_kernel(&self) -> Result<KernelTables, ProxierError> {
+        Ok(KernelTables {
+            filter: read_table(&self.ipt, Table::Filter)?,
+            nat: read_table(&self.ipt, Table::Nat)?,
+        })
+    }
+}
+
+/// Reads one table with `iptables-save -t TABLE` into a [`KernelTable`].
+fn read_table<I: Iptables + ?Sized>(ipt: &I, table: Table) -> Result<KernelTable, ProxierError> {
+    let text = ipt.save(Some(table))?;
+    kernel_table(&text, table)
+}
+
+/// Parses `iptables-save` output and extracts one table.
+///
+/// # Errors
+/// [`ProxierError::ReadState`] when the text does not parse.
+pub fn kernel_table(text: &str, table: Table) -> Result<KernelTable, ProxierError> {
+    let ruleset = kp_netfilter::parse_save(text).map_err(|e| ProxierError::ReadState {
+        what: format!("{} table", table.name()),
+        message: e.to_string(),
+    })?;
+    let mut out = KernelTable::default();
+    if let Some(t) = ruleset.tables.get(&table) {
+        for (name, chain) in t.ordered_chains() {
+            out.chains.insert(name.to_string());
+            for rule in &chain.rules {
+                let mut line = rule.clone();
+                line.counters = None;
+                out.rules.push((
+                    name.to_string(),
+                    line.to_string(),
+                    rule.jump_chain().map(str::to_string),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl<I: Iptables> Proxier for IptablesProxier<I> {
+    fn mode(&self) -> ProxyMode {
+        ProxyMode::Iptables
+    }
+
+    fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    fn sync(&mut self, snap: &Snapshot, changes: &Changes) -> Result<SyncReport, ProxierError> {
+        self.setup();
+        let full = self.needs_full || changes.full_resync_needed;
+        // Until this sync succeeds, the next one must be full.
+        self.needs_full = true;
+        let t0 = Instant::now();
+        let cfg = self.render_config(snap)?;
+        let rendered = render::render(
+            snap,
+            &cfg,
+            if full { None } else { Some(&changes.services) },
+        );
+        let render_time = t0.elapsed();
+        let t1 = Instant::now();
+        let (payload, stale) = if full {
+            let kernel = self.read_kernel()?;
+            reconcile::full_payload(&rendered, Some(&kernel), cfg.kube_firewall)
+        } else {
+            reconcile::partial_payload(&rendered, &self.previous_chains)
+        };
+        self.ipt.restore(payload.as_bytes())?;
+        let apply_time = t1.elapsed();
+        self.needs_full = false;
+        self.previous_chains = rendered.active_nat_chains;
+        let report = SyncReport {
+            family: Some(self.family),
+            full,
+            service_ports: rendered.service_ports,
+            endpoints: rendered.endpoints,
+            payload_bytes: payload.len(),
+            filter_rules: rendered.filter.rule_count,
+            nat_rules: rendered.nat_rules_total,
+            deleted_chains: stale.len(),
+            render_time,
+            apply_time,
+        };
+        info!(
+            family = %self.family,
+            full,
+            services = report.service_ports,
+            endpoints = report.endpoints,
+            bytes = report.payload_bytes,
+            deleted_chains = report.deleted_chains,
+            render_ms = render_time.as_secs_f64() * 1e3,
+            apply_ms = apply_time.as_secs_f64() * 1e3,
+            "synced iptables rules"
+        );
+        Ok(report)
+    }
+}
+
+/// `--cleanup` for iptables mode: removes our jump rules and chains from the filter and nat
+/// tables of the runner's family, leaving everything else alone.
+///
+/// # Errors
+/// [`ProxierError`] when the tables cannot be read or the restore fails (nothing changes).
+pub fn cleanup<I: Iptables + ?Sized>(ipt: &I) -> Result<CleanupPlan, ProxierError> {
+    let kernel = KernelTables {
+        filter: read_table(ipt, Table::Filter)?,
+        nat: read_table(ipt, Table::Nat)?,
+    };
+    let plan = reconcile::cleanup_payload(&kernel);
+    if let Some(payload) = &plan.payload {
+        ipt.restore(payload.as_bytes())?;
+    }
+    Ok(plan)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,439 @@
+//! Reconciliation: turns a [`Rendered`] ruleset plus what the kernel holds into ONE
+//! `iptables-restore --noflush` payload.
+//!
+//! - A *full* sync declares (and so flushes) every chain we own, writes all rules, adds the
+//!   jump rules from the built-in chains that are missing, and deletes stale per-Service
+//!   chains found in the kernel (`iptables-save`).
+//! - A *partial* sync declares only the fixed chains and the per-Service chains of Services
+//!   that changed; other Services' chains are left untouched in the kernel; chains that the
+//!   previous sync wrote and this one no longer uses are deleted.
+//! - *Cleanup* (`--cleanup`) removes our jump rules and chains and nothing else.
+//!
+//! Jump rules are inserted at the top of the built-in chains (`-I CHAIN 1`, in an order that
+//! yields upstream kube-proxy's layout), except the jump to `KUBE-FIREWALL`, which is appended
+//! like kubelet does; within one restore everything is applied or nothing is.
+
+use std::collections::{BTreeSet, HashSet};
+use std::fmt::Write as _;
+
+use super::names::{
+    KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
+    KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES, is_service_chain,
+};
+use super::render::{Rendered, TableRules};
+
+/// Where a jump rule goes in its built-in chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    /// At the top (`-I CHAIN 1`), like upstream's `EnsureRule(Prepend)`.
+    Prepend,
+    /// At the end (`-A`), like kubelet's jump to `KUBE-FIREWALL`.
+    Append,
+}
+
+/// A rule in a built-in chain that jumps into one of our chains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JumpRule {
+    /// `filter` or `nat`.
+    pub table: &'static str,
+    /// The built-in chain.
+    pub chain: &'static str,
+    /// Matches, in canonical form (may be empty).
+    pub matches: &'static str,
+    /// Our chain.
+    pub target: &'static str,
+    /// Where it goes.
+    pub position: Position,
+}
+
+impl JumpRule {
+    /// The rule as `iptables-save` prints it (`-A CHAIN … -j TARGET`).
+    pub fn canonical(&self) -> String {
+        if self.matches.is_empty() {
+            format!("-A {} -j {}", self.chain, self.target)
+        } else {
+            format!("-A {} {} -j {}", self.chain, self.matches, self.target)
+        }
+    }
+}
+
+/// Every jump rule, grouped by built-in chain, each group in its final top-to-bottom order.
+pub const JUMP_RULES: &[JumpRule] = &[
+    JumpRule {
+        table: "filter",
+        chain: "INPUT",
+        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"",
+        target: KUBE_PROXY_FIREWALL,
+        position: Position::Prepend,
+    },
+    JumpRule {
+        table: "filter",
+        chain: "INPUT",
+        matches: "-m comment --comment \"kubernetes health check service ports\"",
+        target: KUBE_NODEPORTS,
+        position: Position::Prepend,
+    },
+    JumpRule {
+        table: "filter",
+        chain: "INPUT",
+        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\"",
+        target: KUBE_EXTERNAL_SERVICES,
+        position: Position::Prepend,
+    },
+    JumpRule {
+        table: "filter",
+        chain: "INPUT",
+        matches: "",
+        target: KUBE_FIREWALL,
+        position: Position::Append,
+    },
+    JumpRule {
+        table: "filter",
+        chain: "FORWARD",
+        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"",
+        target: KUBE_PROXY_FIREWALL,
+        position: Position::Prepend,
+    },
+    JumpRule {
+        table: "filter",
+        chain: "FORWARD",
+        matches: "-m comment --comment \"kubernetes forwarding rules\"",
+        target: KUBE_FORWARD,
+        position: Position::Prepend,
+    },
+    JumpRule {
+        table: "filter",
+        chain: "FORWARD",
+        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"",
+        target: KUBE_SERVICES,
+        position: Position::Prepend,
+    },
+    JumpRule {
+        table: "filter",
+        chain: "FORWARD",
+        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\"",
+        target: KUBE_EXTERNAL_SERVICES,
+        position: Position::Prepend,
+    },
+    JumpRule {
+        table: "filter",
+        chain: "OUTPUT",
+        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"",
+        target: KUBE_PROXY_FIREWALL,
+        position: Position::Prepend,
+    },
+    JumpRule {
+        table: "filter",
+        chain: "OUTPUT",
+        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"",
+        target: KUBE_SERVICES,
+        position: Position::Prepend,
+    },
+    JumpRule {
+        table: "filter",
+        chain: "OUTPUT",
+        matches: "",
+        target: KUBE_FIREWALL,
+        position: Position::Append,
+    },
+    JumpRule {
+        table: "nat",
+        chain: "PREROUTING",
+        matches: "-m comment --comment \"kubernetes service portals\"",
+        target: KUBE_SERVICES,
+        position: Position::Prepend,
+    },
+    JumpRule {
+        table: "nat",
+        chain: "OUTPUT",
+        matches: "-m comment --comment \"kubernetes service portals\"",
+        target: KUBE_SERVICES,
+        position: Position::Prepend,
+    },
+    JumpRule {
+        table: "nat",
+        chain: "POSTROUTING",
+        matches: "-m comment --comment \"kubernetes postrouting rules\"",
+        target: KUBE_POSTROUTING,
+        position: Position::Prepend,
+    },
+];
+
+/// What the kernel holds, as far as reconciliation cares: per table, the chains that exist and
+/// the rules of each chain in canonical `-A CHAIN …` form.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelTables {
+    /// The filter table.
+    pub filter: KernelTable,
+    /// The nat table.
+    pub nat: KernelTable,
+}
+
+/// One table of [`KernelTables`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KernelTable {
+    /// Chains that exist (built-in and user-defined).
+    pub chains: BTreeSet<String>,
+    /// Every rule, `(chain, canonical rule line, jump target if any)`, in kernel order.
+    pub rules: Vec<(String, String, Option<String>)>,
+}
+
+impl KernelTable {
+    fn has_rule(&self, line: &str) -> bool {
+        self.rules.iter().any(|(_, l, _)| l == line)
+    }
+}
+
+fn write_table(
+    out: &mut String,
+    name: &str,
+    chains: &[String],
+    head: &str,
+    rules: &TableRules,
+    tail: &str,
+) {
+    let _ = writeln!(out, "*{name}");
+    for c in chains {
+        let _ = writeln!(out, ":{c} - [0:0]");
+    }
+    out.push_str(head);
+    out.push_str(&rules.rules);
+    out.push_str(tail);
+    out.push_str("COMMIT\n");
+}
+
+/// The jump rules missing from `kernel`, as restore lines, for `table`. With `kernel` `None`
+/// every jump is considered missing (dry runs, fresh nodes).
+fn missing_jumps(table: &str, kernel: Option<&KernelTable>, kube_firewall: bool) -> String {
+    let mut out = String::new();
+    let mut chains: Vec<&str> = Vec::new();
+    for j in JUMP_RULES.iter().filter(|j| j.table == table) {
+        if !chains.contains(&j.chain) {
+            chains.push(j.chain);
+        }
+    }
+    for chain in chains {
+        let group: Vec<&JumpRule> = JUMP_RULES
+            .iter()
+            .filter(|j| j.table == table && j.chain == chain)
+            .filter(|j| kube_firewall || j.target != KUBE_FIREWALL)
+            .filter(|j| !kernel.is_some_and(|k| k.has_rule(&j.canonical())))
+            .collect();
+        // Prepends in reverse so that the final order is the group's order.
+        for j in group
+            .iter()
+            .rev()
+            .filter(|j| j.position == Position::Prepend)
+        {
+            // `-A CHAIN spec` → `-I CHAIN 1 spec`.
+            let line = j.canonical();
+            let _ = writeln!(out, "-I {} 1{}", j.chain, &line[3 + j.chain.len()..]);
+        }
+        for j in group.iter().filter(|j| j.position == Position::Append) {
+            let _ = writeln!(out, "{}", j.canonical());
+        }
+    }
+    out
+}
+
+/// The payload of a full sync. `kernel` is the state read with `iptables-save` (or `None` to
+/// assume a node without any of our rules); `kube_firewall` says whether `KUBE-FIREWALL` and
+/// its jumps are ours in this family. Returns the payload and the stale chains it deletes.
+pub fn full_payload(
+    rendered: &Rendered,
+    kernel: Option<&KernelTables>,
+    kube_firewall: bool,
+) -> (String, Vec<String>) {
+    let mut out =
+        String::with_capacity(rendered.filter.rules.len() + rendered.nat.rules.len() + 4096);
+    write_table(
+        &mut out,
+        "filter",
+        &rendered.filter.chains,
+        &missing_jumps("filter", kernel.map(|k| &k.filter), kube_firewall),
+        &rendered.filter,
+        "",
+    );
+    let stale: Vec<String> = kernel
+        .map(|k| {
+            k.nat
+                .chains
+                .iter()
+                .filter(|c| is_service_chain(c) && !rendered.active_nat_chains.contains(*c))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    write_nat(
+        &mut out,
+        rendered,
+        &missing_jumps("nat", kernel.map(|k| &k.nat), kube_firewall),
+        &stale,
+    );
+    (out, stale)
+}
+
+/// The payload of a partial sync: `previous` is the set of per-Service chains the last
+/// successful sync left in the kernel. Returns the payload and the stale chains it deletes.
+pub fn partial_payload(rendered: &Rendered, previous: &HashSet<String>) -> (String, Vec<String>) {
+    let mut out =
+        String::with_capacity(rendered.filter.rules.len() + rendered.nat.rules.len() + 1024);
+    write_table(
+        &mut out,
+        "filter",
+        &rendered.filter.chains,
+        "",
+        &rendered.filter,
+        "",
+    );
+    let mut stale: Vec<String> = previous
+        .iter()
+        .filter(|c| !rendered.active_nat_chains.contains(*c))
+        .cloned()
+        .collect();
+    stale.sort();
+    write_nat(&mut out, rendered, "", &stale);
+    (out, stale)
+}
+
+fn write_nat(out: &mut String, rendered: &Rendered, head: &str, stale: &[String]) {
+    // A stale chain must be declared (flushing it) before it can be deleted.
+    let mut chains = rendered.nat.chains.clone();
+    chains.extend(stale.iter().cloned());
+    let mut tail = String::new();
+    for c in stale {
+        let _ = writeln!(tail, "-X {c}");
+    }
+    write_table(out, "nat", &chains, head, &rendered.nat, &tail);
+}
+
+/// The fixed chains that `--cleanup` removes, per table.
+const CLEANUP_FILTER: [&str; 5] = [
+    KUBE_SERVICES,
+    KUBE_EXTERNAL_SERVICES,
+    KUBE_FORWARD,
+    KUBE_NODEPORTS,
+    KUBE_PROXY_FIREWALL,
+];
+const CLEANUP_NAT: [&str; 4] = [
+    KUBE_SERVICES,
+    KUBE_NODEPORTS,
+    KUBE_POSTROUTING,
+    KUBE_MARK_MASQ,
+];
+
+/// The localnet drop we write into `KUBE-FIREWALL`, canonical.
+pub const KUBE_FIREWALL_RULE: &str = "-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment \"block incoming localnet connections\" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP";
+
+/// What [`cleanup_payload`] decided.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CleanupPlan {
+    /// The restore payload; `None` when there is nothing of ours to remove.
+    pub payload: Option<String>,
+    /// Chains removed, as `table/chain`.
+    pub removed: Vec<String>,
+    /// Chains kept although they look like ours, with the reason.
+    pub kept: Vec<(String, String)>,
+}
+
+/// Plans `--cleanup`: delete our jump rules from the built-in chains, then flush and delete
+/// our chains. A chain still referenced by a rule we do not remove is kept (and reported);
+/// `KUBE-FIREWALL` is removed only when it holds nothing but our localnet drop (kubelet may
+/// own a copy of it with other rules).
+pub fn cleanup_payload(kernel: &KernelTables) -> CleanupPlan {
+    let mut plan = CleanupPlan::default();
+    let mut out = String::new();
+    for (name, table, fixed) in [
+        ("filter", &kernel.filter, &CLEANUP_FILTER[..]),
+        ("nat", &kernel.nat, &CLEANUP_NAT[..]),
+    ] {
+        let mut ours: BTreeSet<String> = table
+            .chains
+            .iter()
+            .filter(|c| fixed.contains(&c.as_str()) || (name == "nat" && is_service_chain(c)))
+            .cloned()
+            .collect();
+        if name == "filter" && table.chains.contains(KUBE_FIREWALL) {
+            let foreign = table
+                .rules
+                .iter()
+                .any(|(c, line, _)| c == KUBE_FIREWALL && line != KUBE_FIREWALL_RULE);
+            if foreign {
+                plan.kept.push((
+                    format!("filter/{KUBE_FIREWALL}"),
+                    "it holds rules kube-proxy-rs did not write".into(),
+                ));
+            } else {
+                ours.insert(KUBE_FIREWALL.to_string());
+            }
+        }
+        // Chains referenced from a chain we keep (other than the built-in jumps we remove)
+        // cannot be deleted; keep them and everything they depend on stays valid.
+        loop {
+            let blocked: Vec<(String, String)> = ours
+                .iter()
+                .filter_map(|c| {
+                    table
+                        .rules
+                        .iter()
+                        .find(|(from, _, target)| {
+                            target.as_deref() == Some(c.as_str())
+                                && !ours.contains(from)
+                                && !is_builtin_jump(name, from, c)
+                        })
+                        .map(|(from, _, _)| (c.clone(), from.clone()))
+                })
+                .collect();
+            if blocked.is_empty() {
+                break;
+            }
+            for (c, from) in blocked {
+                ours.remove(&c);
+                plan.kept.push((
+                    format!("{name}/{c}"),
+                    format!("still referenced from chain {from}"),
+                ));
+            }
+        }
+        let deletes: Vec<&String> = table
+            .rules
+            .iter()
+            .filter(|(from, _, target)| {
+                target.as_ref().is_some_and(|t| ours.contains(t))
+                    && is_builtin_jump(name, from, target.as_deref().unwrap_or(""))
+            })
+            .map(|(_, line, _)| line)
+            .collect();
+        if ours.is_empty() && deletes.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "*{name}");
+        for c in &ours {
+            let _ = writeln!(out, ":{c} - [0:0]");
+        }
+        for line in deletes {
+            // `-A CHAIN spec` → `-D CHAIN spec`.
+            let _ = writeln!(out, "-D{}", &line[2..]);
+        }
+        for c in &ours {
+            let _ = writeln!(out, "-X {c}");
+            plan.removed.push(format!("{name}/{c}"));
+        }
+        out.push_str("COMMIT\n");
+    }
+    if !out.is_empty() {
+        plan.payload = Some(out);
+    }
+    plan
+}
+
+fn is_builtin_jump(table: &str, from: &str, _target: &str) -> bool {
+    match table {
+        "filter" => matches!(from, "INPUT" | "FORWARD" | "OUTPUT"),
+        "nat" => matches!(from, "PREROUTING" | "INPUT" | "OUTPUT" | "POSTROUTING"),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,235 @@
+//! Reconcile tests: payload shapes for full, partial and cleanup runs.
+
+use super::*;
+use crate::iptables::render::TableRules;
+
+fn rendered(nat_chains: &[&str], active: &[&str]) -> Rendered {
+    Rendered {
+        filter: TableRules {
+            chains: vec!["KUBE-SERVICES".into(), "KUBE-FIREWALL".into()],
+            rules: "-A KUBE-FIREWALL -j DROP\n".into(),
+            rule_count: 1,
+        },
+        nat: TableRules {
+            chains: nat_chains.iter().map(|c| c.to_string()).collect(),
+            rules: "-A KUBE-SERVICES -j KUBE-SVC-A\n".into(),
+            rule_count: 1,
+        },
+        active_nat_chains: active.iter().map(|c| c.to_string()).collect(),
+        ..Rendered::default()
+    }
+}
+
+fn table(chains: &[&str], rules: &[(&str, &str, Option<&str>)]) -> KernelTable {
+    KernelTable {
+        chains: chains.iter().map(|c| c.to_string()).collect(),
+        rules: rules
+            .iter()
+            .map(|(c, l, t)| (c.to_string(), l.to_string(), t.map(str::to_string)))
+            .collect(),
+    }
+}
+
+#[test]
+fn fresh_node_gets_every_jump_in_upstream_order() {
+    let (p, stale) = full_payload(
+        &rendered(&["KUBE-SERVICES", "KUBE-SVC-A"], &["KUBE-SVC-A"]),
+        None,
+        true,
+    );
+    assert!(stale.is_empty());
+    let input: Vec<&str> = p.lines().filter(|l| l.contains(" INPUT ")).collect();
+    // Inserted at the top in reverse, so the final order is firewall, nodeports, external.
+    assert_eq!(
+        input,
+        [
+            "-I INPUT 1 -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES",
+            "-I INPUT 1 -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS",
+            "-I INPUT 1 -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
+            "-A INPUT -j KUBE-FIREWALL",
+        ]
+    );
+    assert!(p.contains("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-A - [0:0]\n"));
+    assert!(p.contains("-I POSTROUTING 1 -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n"));
+    assert_eq!(p.matches("COMMIT\n").count(), 2);
+    // Chains are declared before any rule uses them.
+    let filter_decl = p.find(":KUBE-FIREWALL").unwrap();
+    let first_jump = p.find("-I INPUT").unwrap();
+    assert!(filter_decl < first_jump);
+}
+
+#[test]
+fn existing_jumps_are_not_duplicated_and_stale_chains_deleted() {
+    let kernel = KernelTables {
+        filter: table(
+            &["INPUT", "FORWARD", "OUTPUT", "KUBE-SERVICES"],
+            &[("INPUT", "-A INPUT -j KUBE-FIREWALL", Some("KUBE-FIREWALL"))],
+        ),
+        nat: table(
+            &[
+                "PREROUTING",
+                "OUTPUT",
+                "POSTROUTING",
+                "KUBE-SERVICES",
+                "KUBE-SVC-A",
+                "KUBE-SVC-OLD",
+                "KUBE-SEP-OLD",
+                "CALICO-X",
+            ],
+            &[(
+                "PREROUTING",
+                "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+                Some("KUBE-SERVICES"),
+            )],
+        ),
+    };
+    let (p, stale) = full_payload(
+        &rendered(&["KUBE-SERVICES", "KUBE-SVC-A"], &["KUBE-SVC-A"]),
+        Some(&kernel),
+        true,
+    );
+    assert_eq!(stale, ["KUBE-SEP-OLD", "KUBE-SVC-OLD"]);
+    assert!(!p.contains("-A INPUT -j KUBE-FIREWALL"));
+    assert!(!p.contains("-I PREROUTING"));
+    assert!(p.contains(
+        "-I OUTPUT 1 -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
+    ));
+    assert!(p.contains(":KUBE-SVC-OLD - [0:0]\n"));
+    assert!(p.ends_with("-X KUBE-SEP-OLD\n-X KUBE-SVC-OLD\nCOMMIT\n"));
+    assert!(!p.contains("CALICO"), "chains of others are never touched");
+}
+
+#[test]
+fn no_kube_firewall_in_v6() {
+    let (p, _) = full_payload(&rendered(&["KUBE-SERVICES"], &[]), None, false);
+    assert!(!p.contains("KUBE-FIREWALL\n") || !p.contains("-j KUBE-FIREWALL"));
+}
+
+#[test]
+fn partial_deletes_what_the_previous_sync_wrote() {
+    let previous: HashSet<String> = ["KUBE-SVC-A", "KUBE-SVC-GONE"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let (p, stale) = partial_payload(&rendered(&["KUBE-SERVICES"], &["KUBE-SVC-A"]), &previous);
+    assert_eq!(stale, ["KUBE-SVC-GONE"]);
+    assert!(
+        !p.contains(":KUBE-SVC-A "),
+        "unchanged chains are not declared (so not flushed)"
+    );
+    assert!(p.contains(":KUBE-SVC-GONE - [0:0]\n"));
+    assert!(p.contains("-X KUBE-SVC-GONE\n"));
+    assert!(
+        !p.contains("-I "),
+        "partial syncs do not touch the built-in chains"
+    );
+}
+
+#[test]
+fn cleanup_removes_only_ours() {
+    let kernel = KernelTables {
+        filter: table(
+            &[
+                "INPUT",
+                "FORWARD",
+                "OUTPUT",
+                "KUBE-SERVICES",
+                "KUBE-FIREWALL",
+                "KUBE-FORWARD",
+                "OTHER",
+            ],
+            &[
+                ("INPUT", "-A INPUT -j KUBE-FIREWALL", Some("KUBE-FIREWALL")),
+                ("INPUT", "-A INPUT -j OTHER", Some("OTHER")),
+                (
+                    "FORWARD",
+                    "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD",
+                    Some("KUBE-FORWARD"),
+                ),
+                ("KUBE-FIREWALL", KUBE_FIREWALL_RULE, Some("DROP")),
+            ],
+        ),
+        nat: table(
+            &[
+                "PREROUTING",
+                "POSTROUTING",
+                "KUBE-SERVICES",
+                "KUBE-MARK-MASQ",
+                "KUBE-SVC-A",
+                "KUBE-SEP-B",
+                "FOREIGN",
+            ],
+            &[
+                (
+                    "PREROUTING",
+                    "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+                    Some("KUBE-SERVICES"),
+                ),
+                (
+                    "FOREIGN",
+                    "-A FOREIGN -j KUBE-MARK-MASQ",
+                    Some("KUBE-MARK-MASQ"),
+                ),
+                (
+                    "KUBE-SERVICES",
+                    "-A KUBE-SERVICES -j KUBE-SVC-A",
+                    Some("KUBE-SVC-A"),
+                ),
+            ],
+        ),
+    };
+    let plan = cleanup_payload(&kernel);
+    let p = plan.payload.unwrap();
+    assert!(p.contains("-D INPUT -j KUBE-FIREWALL\n"));
+    assert!(!p.contains("-D INPUT -j OTHER"));
+    assert!(p.contains(
+        "-D FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD\n"
+    ));
+    assert!(p.contains("-X KUBE-FIREWALL\n"));
+    assert!(
+        p.contains("-X KUBE-SVC-A\n")
+            && p.contains("-X KUBE-SEP-B\n")
+            && p.contains("-X KUBE-SERVICES\n")
+    );
+    assert!(
+        !p.contains("-X KUBE-MARK-MASQ"),
+        "still referenced from a foreign chain"
+    );
+    assert!(!p.contains("OTHER\n") && !p.contains("FOREIGN"));
+    assert_eq!(plan.kept.len(), 1);
+    assert!(plan.kept[0].1.contains("FOREIGN"));
+    // Every deleted chain is declared (flushed) first.
+    for line in p.lines().filter(|l| l.starts_with("-X ")) {
+        assert!(p.contains(&format!(":{} - [0:0]", &line[3..])));
+    }
+}
+
+#[test]
+fn cleanup_keeps_a_kube_firewall_with_foreign_rules() {
+    let kernel = KernelTables {
+        filter: table(
+            &["INPUT", "KUBE-FIREWALL"],
+            &[
+                ("INPUT", "-A INPUT -j KUBE-FIREWALL", Some("KUBE-FIREWALL")),
+                (
+                    "KUBE-FIREWALL",
+                    "-A KUBE-FIREWALL -m mark --mark 0x8000/0x8000 -j DROP",
+                    Some("DROP"),
+                ),
+            ],
+        ),
+        nat: KernelTable::default(),
+    };
+    let plan = cleanup_payload(&kernel);
+    assert!(plan.payload.is_none());
+    assert_eq!(plan.kept.len(), 1);
+}
+
+#[test]
+fn cleanup_of_a_clean_node_does_nothing() {
+    let kernel = KernelTables {
+        filter: table(&["INPUT", "FORWARD", "OUTPUT"], &[]),
+        nat: table(&["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"], &[]),
+    };
+    assert_eq!(cleanup_payload(&kernel), CleanupPlan::default());
+}

@@ -1,0 +1,357 @@
+//! Render tests: golden rulesets (insta) and targeted assertions.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use kp_model::{
+    EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, IpFamily, NamespacedName,
+    ObjectKind, Protocol, Service, ServicePortSpec, ServiceType, SliceAddressType, Snapshot,
+    SourceEvent,
+};
+use kp_track::Tracker;
+
+use super::*;
+use crate::local::LocalMatch;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn service(name: &str, cip: &str, port: u16, node_port: Option<u16>) -> Service {
+    let mut s = Service::cluster_ip(
+        NamespacedName::new("default", name),
+        ip(cip),
+        vec![ServicePortSpec {
+            name: String::new(),
+            protocol: Protocol::Tcp,
+            port,
+            node_port,
+        }],
+    );
+    if node_port.is_some() {
+        s.service_type = ServiceType::NodePort;
+    }
+    s
+}
+
+fn slice(svc: &str, port: u16, eps: &[(&str, &str)]) -> EndpointSlice {
+    EndpointSlice {
+        name: NamespacedName::new("default", format!("{svc}-abcde")),
+        service: NamespacedName::new("default", svc),
+        address_type: if eps.first().is_some_and(|(a, _)| a.contains(':')) {
+            SliceAddressType::V6
+        } else {
+            SliceAddressType::V4
+        },
+        ports: vec![EndpointPort {
+            name: String::new(),
+            protocol: Protocol::Tcp,
+            port,
+        }],
+        endpoints: eps
+            .iter()
+            .map(|(a, n)| EndpointEntry::ready(ip(a), Some(n)))
+            .collect(),
+        last_change_trigger_time: None,
+    }
+}
+
+fn snapshot(family: IpFamily, services: Vec<Service>, slices: Vec<EndpointSlice>) -> Snapshot {
+    let mut t = Tracker::new(family, "k8s-master");
+    for k in [
+        ObjectKind::Service,
+        ObjectKind::EndpointSlice,
+        ObjectKind::Node,
+    ] {
+        t.apply(SourceEvent::Synced(k));
+    }
+    for s in services {
+        t.apply(SourceEvent::ServiceUpsert(s));
+    }
+    for s in slices {
+        t.apply(SourceEvent::SliceUpsert(s));
+    }
+    (*t.checkout().0).clone()
+}
+
+fn seed() -> Snapshot {
+    snapshot(
+        IpFamily::V4,
+        vec![service("nginx-svc", "10.96.138.71", 8080, None)],
+        vec![slice(
+            "nginx-svc",
+            80,
+            &[("10.0.0.4", "k8s-master"), ("10.0.1.2", "k8s-worker")],
+        )],
+    )
+}
+
+fn cluster_cidr() -> RenderConfig {
+    RenderConfig {
+        local: Some(LocalMatch::Source("10.0.0.0/16".parse().unwrap())),
+        ..RenderConfig::default()
+    }
+}
+
+fn text(r: &Rendered) -> String {
+    let mut s = String::from("*filter\n");
+    for c in &r.filter.chains {
+        s.push_str(&format!(":{c} - [0:0]\n"));
+    }
+    s.push_str(&r.filter.rules);
+    s.push_str("COMMIT\n*nat\n");
+    for c in &r.nat.chains {
+        s.push_str(&format!(":{c} - [0:0]\n"));
+    }
+    s.push_str(&r.nat.rules);
+    s.push_str("COMMIT\n");
+    s
+}
+
+#[test]
+fn seed_ruleset() {
+    let r = render(&seed(), &cluster_cidr(), None);
+    insta::assert_snapshot!("seed", text(&r));
+    // The lines of the seed (printed by upstream kube-proxy) that live in the chains we
+    // render; iptables-save prints probabilities with 11 decimals, we write 10.
+    for line in [
+        "-A KUBE-SERVICES -d 10.96.138.71/32 -p tcp -m comment --comment \"default/nginx-svc cluster IP\" -m tcp --dport 8080 -j KUBE-SVC-HL5LMXD5JFHQZ6LN",
+        "-A KUBE-SVC-HL5LMXD5JFHQZ6LN ! -s 10.0.0.0/16 -d 10.96.138.71/32 -p tcp -m comment --comment \"default/nginx-svc cluster IP\" -m tcp --dport 8080 -j KUBE-MARK-MASQ",
+        "-A KUBE-SVC-HL5LMXD5JFHQZ6LN -m comment --comment \"default/nginx-svc -> 10.0.0.4:80\" -m statistic --mode random --probability 0.5000000000 -j KUBE-SEP-GS5MQAG4332XHLUZ",
+        "-A KUBE-SVC-HL5LMXD5JFHQZ6LN -m comment --comment \"default/nginx-svc -> 10.0.1.2:80\" -j KUBE-SEP-H5CTQI4CMO4ES5BQ",
+        "-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000",
+        "-A KUBE-SEP-GS5MQAG4332XHLUZ -s 10.0.0.4/32 -m comment --comment \"default/nginx-svc\" -j KUBE-MARK-MASQ",
+        "-A KUBE-SEP-GS5MQAG4332XHLUZ -p tcp -m comment --comment \"default/nginx-svc\" -m tcp -j DNAT --to-destination 10.0.0.4:80",
+        "-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN",
+        "-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0",
+        "-A KUBE-POSTROUTING -m comment --comment \"kubernetes service traffic requiring SNAT\" -j MASQUERADE --random-fully",
+        "-A KUBE-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 -m comment --comment \"block incoming localnet connections\" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP",
+        "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP",
+        "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j ACCEPT",
+        "-A KUBE-FORWARD -m comment --comment \"kubernetes forwarding conntrack rule\" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+    ] {
+        assert!(text(&r).lines().any(|l| l == line), "missing: {line}");
+    }
+    assert_eq!(r.service_ports, 1);
+    assert_eq!(r.endpoints, 2);
+    assert!(!r.large_cluster);
+}
+
+#[test]
+fn probabilities() {
+    assert_eq!(probability(2, 0), "0.5000000000");
+    assert_eq!(probability(3, 0), "0.3333333333");
+    assert_eq!(probability(3, 1), "0.5000000000");
+    assert_eq!(probability(7, 0), "0.1428571429");
+}
+
+#[test]
+fn no_endpoints_rejects() {
+    let snap = snapshot(
+        IpFamily::V4,
+        vec![service("empty", "10.96.0.10", 80, Some(30080))],
+        vec![],
+    );
+    let r = render(&snap, &cluster_cidr(), None);
+    let t = text(&r);
+    insta::assert_snapshot!("no_endpoints", t);
+    assert!(t.contains("-A KUBE-SERVICES -d 10.96.0.10/32 -p tcp -m comment --comment \"default/empty has no endpoints\" -m tcp --dport 80 -j REJECT --reject-with icmp-port-unreachable"));
+    assert!(t.contains("-A KUBE-EXTERNAL-SERVICES -p tcp -m comment --comment \"default/empty has no endpoints\" -m addrtype --dst-type LOCAL -m tcp --dport 30080 -j REJECT --reject-with icmp-port-unreachable"));
+    assert!(
+        !t.contains("KUBE-SVC-"),
+        "no nat chains for a Service without endpoints"
+    );
+}
+
+#[test]
+fn nodeport_cluster_policy() {
+    let snap = snapshot(
+        IpFamily::V4,
+        vec![service("web", "10.96.0.20", 80, Some(30080))],
+        vec![slice("web", 8080, &[("10.0.0.4", "k8s-master")])],
+    );
+    let t = text(&render(&snap, &cluster_cidr(), None));
+    insta::assert_snapshot!("nodeport", t);
+    let ext = ServiceChains::new(&snap.services.keys().next().unwrap().clone()).ext;
+    assert!(t.contains(&format!("-A KUBE-NODEPORTS -p tcp -m comment --comment \"default/web\" -m tcp --dport 30080 -j {ext}")));
+    assert!(t.contains(&format!("-A {ext} -m comment --comment \"masquerade traffic for default/web external destinations\" -j KUBE-MARK-MASQ")));
+    assert!(t.contains("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"));
+    let last_services_rule = t
+        .lines()
+        .rfind(|l| l.starts_with("-A KUBE-SERVICES "))
+        .unwrap();
+    assert!(last_services_rule.ends_with("-j KUBE-NODEPORTS"));
+}
+
+#[test]
+fn masquerade_all_and_mark_bit() {
+    let cfg = RenderConfig {
+        masquerade_all: true,
+        masquerade_mark: 1 << 5,
+        local: None,
+        ..RenderConfig::default()
+    };
+    let t = text(&render(&seed(), &cfg, None));
+    assert!(t.contains("-A KUBE-SVC-HL5LMXD5JFHQZ6LN -d 10.96.138.71/32 -p tcp -m comment --comment \"default/nginx-svc cluster IP\" -m tcp --dport 8080 -j KUBE-MARK-MASQ"));
+    assert!(t.contains("-A KUBE-MARK-MASQ -j MARK --set-xmark 0x20/0x20"));
+    assert!(t.contains("-A KUBE-POSTROUTING -m mark ! --mark 0x20/0x20 -j RETURN"));
+    // Without a local detector and without masquerade-all there is no masquerade rule.
+    let t = text(&render(
+        &seed(),
+        &RenderConfig {
+            local: None,
+            ..RenderConfig::default()
+        },
+        None,
+    ));
+    assert!(!t.contains("-A KUBE-SVC-HL5LMXD5JFHQZ6LN -d"));
+    assert!(!t.contains("! -s 10."));
+}
+
+#[test]
+fn random_fully_and_localhost_nodeports_off() {
+    let cfg = RenderConfig {
+        random_fully: false,
+        localhost_nodeports: false,
+        ..cluster_cidr()
+    };
+    let t = text(&render(&seed(), &cfg, None));
+    assert!(t.contains("-j MASQUERADE\n"));
+    assert!(t.contains("-A KUBE-SERVICES ! -d 127.0.0.0/8 -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS"));
+    assert!(
+        t.contains(":KUBE-FIREWALL - [0:0]"),
+        "the chain is still ours"
+    );
+    assert!(
+        !t.contains("-A KUBE-FIREWALL"),
+        "but without the localnet drop"
+    );
+}
+
+#[test]
+fn nodeport_addresses() {
+    let cfg = RenderConfig {
+        nodeport_ips: Some(vec![ip("127.0.0.1"), ip("192.168.56.10")]),
+        localhost_nodeports: false,
+        ..cluster_cidr()
+    };
+    let t = text(&render(&seed(), &cfg, None));
+    assert!(t.contains("-A KUBE-SERVICES -d 192.168.56.10/32 -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -j KUBE-NODEPORTS"));
+    assert!(
+        !t.contains("-d 127.0.0.1/32"),
+        "loopback skipped without localhost NodePorts"
+    );
+    assert!(!t.contains("addrtype --dst-type LOCAL -j KUBE-NODEPORTS"));
+}
+
+#[test]
+fn partial_render_skips_unchanged_service_chains() {
+    let snap = snapshot(
+        IpFamily::V4,
+        vec![
+            service("a", "10.96.0.1", 80, None),
+            service("b", "10.96.0.2", 80, None),
+        ],
+        vec![
+            slice("a", 80, &[("10.0.0.1", "x")]),
+            slice("b", 80, &[("10.0.0.2", "x")]),
+        ],
+    );
+    let full = render(&snap, &cluster_cidr(), None);
+    let only = BTreeSet::from([NamespacedName::new("default", "b")]);
+    let partial = render(&snap, &cluster_cidr(), Some(&only));
+    assert_eq!(full.active_nat_chains, partial.active_nat_chains);
+    assert_eq!(full.nat_rules_total, partial.nat_rules_total);
+    assert_eq!(full.filter, partial.filter);
+    let a_svc = ServiceChains::new(snap.services.keys().next().unwrap()).svc;
+    assert!(full.nat.chains.contains(&a_svc));
+    assert!(!partial.nat.chains.contains(&a_svc));
+    assert!(
+        partial.nat.rules.contains(&format!("-j {a_svc}")),
+        "KUBE-SERVICES still jumps to it"
+    );
+}
+
+#[test]
+fn large_cluster_mode_drops_endpoint_comments() {
+    let mut services = Vec::new();
+    let mut slices = Vec::new();
+    for i in 0..101u32 {
+        let name = format!("s{i}");
+        services.push(service(
+            &name,
+            &format!("10.96.{}.{}", i / 250, i % 250 + 1),
+            80,
+            None,
+        ));
+        let eps: Vec<(String, &str)> = (0..10u32)
+            .map(|j| (format!("10.1.{i}.{}", j + 1), "n"))
+            .collect();
+        let eps: Vec<(&str, &str)> = eps.iter().map(|(a, n)| (a.as_str(), *n)).collect();
+        slices.push(slice(&name, 80, &eps));
+    }
+    let r = render(
+        &snapshot(IpFamily::V4, services, slices),
+        &cluster_cidr(),
+        None,
+    );
+    assert!(r.large_cluster);
+    assert!(!r.nat.rules.contains(" -> "));
+    assert!(
+        r.nat.rules.contains("cluster IP"),
+        "service-level comments stay"
+    );
+    // Upstream's rule-count fixture for ClusterIP services: NAT = 5 + S * (2 + 3E).
+    assert_eq!(r.nat_rules_total, 5 + 101 * (2 + 3 * 10));
+}
+
+#[test]
+fn terminating_fallback_and_affinity() {
+    let mut svc = service("sticky", "10.96.0.30", 80, None);
+    svc.session_affinity = kp_model::SessionAffinity::ClientIp {
+        timeout_seconds: 10800,
+    };
+    let mut sl = slice(
+        "sticky",
+        8080,
+        &[("10.0.0.1", "k8s-master"), ("10.0.0.2", "k8s-worker")],
+    );
+    sl.endpoints[1].conditions = EndpointConditions {
+        ready: false,
+        serving: true,
+        terminating: true,
+    };
+    let t = text(&render(
+        &snapshot(IpFamily::V4, vec![svc], vec![sl]),
+        &cluster_cidr(),
+        None,
+    ));
+    insta::assert_snapshot!("affinity", t);
+    assert!(
+        !t.contains("10.0.0.2:8080"),
+        "a terminating endpoint is not used while a ready one exists"
+    );
+    assert!(t.contains("-m recent --rcheck --seconds 10800 --reap --name KUBE-SEP-"));
+    assert!(t.contains("-m recent --set --name KUBE-SEP-"));
+}
+
+#[test]
+fn ipv6_family() {
+    let snap = snapshot(
+        IpFamily::V6,
+        vec![service("six", "fd00:96::10", 80, Some(30090))],
+        vec![slice("six", 8080, &[("fd00:1::4", "k8s-master")])],
+    );
+    let cfg = RenderConfig {
+        local: Some(LocalMatch::Source("fd00:1::/48".parse().unwrap())),
+        kube_firewall: false,
+        localhost_nodeports: false,
+        ..RenderConfig::default()
+    };
+    let t = text(&render(&snap, &cfg, None));
+    insta::assert_snapshot!("ipv6", t);
+    assert!(t.contains("-d fd00:96::10/128 -p tcp"));
+    assert!(t.contains("DNAT --to-destination [fd00:1::4]:8080"));
+    assert!(t.contains("! -d ::1/128"));
+    assert!(!t.contains("KUBE-FIREWALL"));
+}

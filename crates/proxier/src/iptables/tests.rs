@@ -1,0 +1,395 @@
+//! Sync tests against the checking fake: full and partial syncs, failures, stale chains,
+//! cleanup.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use kp_model::{
+    Changes, EndpointEntry, EndpointPort, EndpointSlice, IpFamily, NamespacedName, ObjectKind,
+    Protocol, Service, ServicePortSpec, SliceAddressType, Snapshot, SourceEvent,
+};
+use kp_netfilter::{FakeIptables, IpVersion, Iptables, Table};
+use kp_track::Tracker;
+
+use super::*;
+use crate::FakeHost;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn service(name: &str, cip: &str, port: u16) -> Service {
+    Service::cluster_ip(
+        NamespacedName::new("default", name),
+        ip(cip),
+        vec![ServicePortSpec {
+            name: String::new(),
+            protocol: Protocol::Tcp,
+            port,
+            node_port: None,
+        }],
+    )
+}
+
+fn slice(svc: &str, port: u16, eps: &[(&str, &str)]) -> EndpointSlice {
+    EndpointSlice {
+        name: NamespacedName::new("default", format!("{svc}-x")),
+        service: NamespacedName::new("default", svc),
+        address_type: SliceAddressType::V4,
+        ports: vec![EndpointPort {
+            name: String::new(),
+            protocol: Protocol::Tcp,
+            port,
+        }],
+        endpoints: eps
+            .iter()
+            .map(|(a, n)| EndpointEntry::ready(ip(a), Some(n)))
+            .collect(),
+        last_change_trigger_time: None,
+    }
+}
+
+fn tracker() -> Tracker {
+    let mut t = Tracker::new(IpFamily::V4, "k8s-master");
+    for k in [
+        ObjectKind::Service,
+        ObjectKind::EndpointSlice,
+        ObjectKind::Node,
+    ] {
+        t.apply(SourceEvent::Synced(k));
+    }
+    t
+}
+
+fn seed_events() -> Vec<SourceEvent> {
+    vec![
+        SourceEvent::ServiceUpsert(service("nginx-svc", "10.96.138.71", 8080)),
+        SourceEvent::SliceUpsert(slice(
+            "nginx-svc",
+            80,
+            &[("10.0.0.4", "k8s-master"), ("10.0.1.2", "k8s-worker")],
+        )),
+    ]
+}
+
+fn cfg() -> IptablesConfig {
+    IptablesConfig {
+        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/16".parse().unwrap()]),
+        ..IptablesConfig::default()
+    }
+}
+
+fn proxier(fake: FakeIptables) -> IptablesProxier<FakeIptables> {
+    IptablesProxier::new(IpFamily::V4, cfg(), fake, Arc::new(FakeHost::default())).unwrap()
+}
+
+fn save(p: &IptablesProxier<FakeIptables>) -> String {
+    let r = p.runner();
+    format!(
+        "{}{}",
+        r.save(Some(Table::Filter)).unwrap(),
+        r.save(Some(Table::Nat)).unwrap()
+    )
+}
+
+fn sync(p: &mut IptablesProxier<FakeIptables>, t: &mut Tracker) -> SyncReport {
+    let (snap, changes) = t.checkout();
+    p.sync(&snap, &changes).unwrap()
+}
+
+/// The lines of `../shared/examples/seed-nginx/expected-iptables-save.txt` (bundled in
+/// `examples/`), printed by upstream kube-proxy; every one must be present, in order within
+/// each chain.
+fn expected_seed_lines() -> Vec<(String, String)> {
+    let text = include_str!("../../../../examples/seed-nginx/expected-iptables-save.txt");
+    let mut table = String::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if let Some(t) = line.strip_prefix('*') {
+            table = t.to_string();
+        } else if line.starts_with("-A ") {
+            out.push((table.clone(), line.to_string()));
+        }
+    }
+    out
+}
+
+/// Checks that every expected line is in `saved`, and that lines of one chain keep their
+/// relative order.
+pub(crate) fn assert_contains_in_chain_order(saved: &str, expected: &[(String, String)]) {
+    let mut table = String::new();
+    let mut lines: Vec<(String, String)> = Vec::new();
+    for l in saved.lines() {
+        if let Some(t) = l.strip_prefix('*') {
+            table = t.to_string();
+        } else if l.starts_with("-A ") {
+            lines.push((table.clone(), l.to_string()));
+        }
+    }
+    let mut last_pos: std::collections::HashMap<(String, String), usize> = Default::default();
+    for (t, line) in expected {
+        let pos = lines
+            .iter()
+            .position(|(lt, l)| lt == t && l == line)
+            .unwrap_or_else(|| panic!("missing in table {t}: {line}\n--- saved ---\n{saved}"));
+        let chain = line.split_whitespace().nth(1).unwrap().to_string();
+        if let Some(prev) = last_pos.get(&(t.clone(), chain.clone())) {
+            assert!(pos > *prev, "out of order in {t}/{chain}: {line}");
+        }
+        last_pos.insert((t.clone(), chain), pos);
+    }
+}
+
+#[test]
+fn first_sync_produces_upstreams_seed_rules() {
+    let mut t = tracker();
+    for e in seed_events() {
+        t.apply(e);
+    }
+    let mut p = proxier(FakeIptables::new(IpVersion::V4));
+    let report = sync(&mut p, &mut t);
+    assert!(report.full);
+    assert_eq!(report.service_ports, 1);
+    assert_eq!(report.endpoints, 2);
+    assert_contains_in_chain_order(&save(&p), &expected_seed_lines());
+}
+
+#[test]
+fn resync_without_changes_is_identical_and_partial() {
+    let mut t = tracker();
+    for e in seed_events() {
+        t.apply(e);
+    }
+    let mut p = proxier(FakeIptables::new(IpVersion::V4));
+    sync(&mut p, &mut t);
+    let before = save(&p);
+    let report = sync(&mut p, &mut t);
+    assert!(!report.full);
+    assert_eq!(save(&p), before);
+    // A forced full resync is identical too.
+    let (snap, _) = t.checkout();
+    let full = Changes {
+        full_resync_needed: true,
+        ..Changes::default()
+    };
+    assert!(p.sync(&snap, &full).unwrap().full);
+    assert_eq!(save(&p), before);
+}
+
+#[test]
+fn partial_syncs_equal_full_syncs() {
+    let mut t = tracker();
+    for i in 0..5u8 {
+        t.apply(SourceEvent::ServiceUpsert(service(
+            &format!("s{i}"),
+            &format!("10.96.0.{}", i + 1),
+            80,
+        )));
+        t.apply(SourceEvent::SliceUpsert(slice(
+            &format!("s{i}"),
+            8080,
+            &[(&format!("10.0.{i}.1"), "a"), (&format!("10.0.{i}.2"), "b")],
+        )));
+    }
+    let mut p = proxier(FakeIptables::new(IpVersion::V4));
+    sync(&mut p, &mut t);
+    let steps: Vec<Vec<SourceEvent>> = vec![
+        // Remove an endpoint.
+        vec![SourceEvent::SliceUpsert(slice(
+            "s1",
+            8080,
+            &[("10.0.1.1", "a")],
+        ))],
+        // Remove all endpoints (REJECT), change a port, add a Service.
+        vec![
+            SourceEvent::SliceDelete(NamespacedName::new("default", "s2-x")),
+            SourceEvent::ServiceUpsert(service("s3", "10.96.0.4", 81)),
+            SourceEvent::ServiceUpsert(service("new", "10.96.0.50", 80)),
+            SourceEvent::SliceUpsert(slice("new", 80, &[("10.0.9.9", "k8s-master")])),
+        ],
+        // Delete a Service with endpoints.
+        vec![SourceEvent::ServiceDelete(NamespacedName::new(
+            "default", "s4",
+        ))],
+    ];
+    for step in steps {
+        for e in step {
+            t.apply(e);
+        }
+        let (snap, changes) = t.checkout();
+        let report = p.sync(&snap, &changes).unwrap();
+        assert!(!report.full);
+        // The same snapshot synced fully into a fresh kernel.
+        let mut fresh = proxier(FakeIptables::new(IpVersion::V4));
+        fresh.sync(&snap, &Changes::default()).unwrap();
+        assert_eq!(
+            save(&p),
+            save(&fresh),
+            "partial sync diverged from a full sync"
+        );
+    }
+    let saved = save(&p);
+    assert!(saved.contains("default/s2 has no endpoints"));
+    assert!(!saved.contains("10.0.1.2:8080"));
+    assert!(
+        !saved.contains("10.96.0.5/32"),
+        "deleted Service s4 is gone"
+    );
+}
+
+#[test]
+fn stale_chains_from_an_earlier_run_are_deleted() {
+    let fake = FakeIptables::new(IpVersion::V4);
+    fake.restore(
+        b"*nat\n:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]\n:KUBE-SEP-BBBBBBBBBBBBBBBB - [0:0]\n:MY-CHAIN - [0:0]\n\
+          -A KUBE-SVC-AAAAAAAAAAAAAAAA -j KUBE-SEP-BBBBBBBBBBBBBBBB\n-A MY-CHAIN -j RETURN\nCOMMIT\n",
+    )
+    .unwrap();
+    let mut t = tracker();
+    for e in seed_events() {
+        t.apply(e);
+    }
+    let mut p = proxier(fake);
+    let report = sync(&mut p, &mut t);
+    assert_eq!(report.deleted_chains, 2);
+    let saved = save(&p);
+    assert!(!saved.contains("AAAAAAAAAAAAAAAA") && !saved.contains("BBBBBBBBBBBBBBBB"));
+    assert!(
+        saved.contains("-A MY-CHAIN -j RETURN"),
+        "other software's chains stay"
+    );
+}
+
+#[test]
+fn failed_restore_keeps_the_kernel_and_forces_a_full_retry() {
+    let mut t = tracker();
+    for e in seed_events() {
+        t.apply(e);
+    }
+    let mut p = proxier(FakeIptables::new(IpVersion::V4));
+    sync(&mut p, &mut t);
+    let before = save(&p);
+    t.apply(SourceEvent::SliceUpsert(slice(
+        "nginx-svc",
+        80,
+        &[("10.0.0.4", "k8s-master")],
+    )));
+    let (snap, changes) = t.checkout();
+    p.runner()
+        .fail_next_restore("iptables-restore: line 7 failed");
+    let err = p.sync(&snap, &changes).unwrap_err();
+    assert!(err.to_string().contains("line 7 failed"), "{err}");
+    assert_eq!(save(&p), before, "the kernel keeps its rules");
+    // The retry gets no change list (the tracker was drained) but must be full.
+    let report = p.sync(&snap, &Changes::default()).unwrap();
+    assert!(report.full);
+    assert!(!save(&p).contains("10.0.1.2:80"));
+}
+
+#[test]
+fn cleanup_leaves_the_tables_as_they_were() {
+    let fake = FakeIptables::new(IpVersion::V4);
+    fake.restore(b"*filter\n:FOREIGN - [0:0]\n-A INPUT -j FOREIGN\nCOMMIT\n*nat\n-A POSTROUTING -o eth9 -j MASQUERADE\nCOMMIT\n")
+        .unwrap();
+    let pristine = format!(
+        "{}{}",
+        fake.save(Some(Table::Filter)).unwrap(),
+        fake.save(Some(Table::Nat)).unwrap()
+    );
+    let mut t = tracker();
+    for e in seed_events() {
+        t.apply(e);
+    }
+    let mut p = proxier(fake);
+    sync(&mut p, &mut t);
+    assert_ne!(save(&p), pristine);
+    let plan = cleanup(p.runner()).unwrap();
+    assert!(plan.kept.is_empty(), "{:?}", plan.kept);
+    assert_eq!(save(&p), pristine);
+    // A second cleanup finds nothing to do.
+    assert!(cleanup(p.runner()).unwrap().payload.is_none());
+}
+
+#[test]
+fn route_localnet_is_set_for_localhost_nodeports() {
+    let host = Arc::new(FakeHost::default());
+    let mut p = IptablesProxier::new(
+        IpFamily::V4,
+        cfg(),
+        FakeIptables::new(IpVersion::V4),
+        host.clone(),
+    )
+    .unwrap();
+    let mut t = tracker();
+    let (snap, changes) = t.checkout();
+    p.sync(&snap, &changes).unwrap();
+    assert_eq!(
+        host.get_sysctl("net/ipv4/conf/all/route_localnet")
+            .as_deref(),
+        Some("1")
+    );
+    let host = Arc::new(FakeHost::default());
+    let off = IptablesConfig {
+        localhost_nodeports: false,
+        ..cfg()
+    };
+    let mut p = IptablesProxier::new(
+        IpFamily::V4,
+        off,
+        FakeIptables::new(IpVersion::V4),
+        host.clone(),
+    )
+    .unwrap();
+    p.sync(&snap, &changes).unwrap();
+    assert_eq!(host.get_sysctl("net/ipv4/conf/all/route_localnet"), None);
+}
+
+#[test]
+fn nodeport_addresses_use_local_addresses() {
+    let host = Arc::new(FakeHost::with_addresses(vec![
+        ip("127.0.0.1"),
+        ip("192.168.56.10"),
+        ip("10.9.9.9"),
+    ]));
+    let c = IptablesConfig {
+        nodeport_addresses: NodePortAddresses::parse(&["192.168.56.0/24"]).unwrap(),
+        ..cfg()
+    };
+    let mut p =
+        IptablesProxier::new(IpFamily::V4, c, FakeIptables::new(IpVersion::V4), host).unwrap();
+    let mut t = tracker();
+    let (snap, changes) = t.checkout();
+    p.sync(&snap, &changes).unwrap();
+    let saved = save(&p);
+    assert!(saved.contains("-A KUBE-SERVICES -d 192.168.56.10/32 -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in this chain\" -j KUBE-NODEPORTS"));
+    assert!(!saved.contains("10.9.9.9"));
+    assert!(
+        !saved.contains("-A KUBE-FIREWALL"),
+        "no localhost NodePorts when loopback is not a NodePort address"
+    );
+}
+
+#[test]
+fn bad_masquerade_bit_is_rejected() {
+    let c = IptablesConfig {
+        masquerade_bit: 32,
+        ..cfg()
+    };
+    assert!(
+        IptablesProxier::new(
+            IpFamily::V4,
+            c,
+            FakeIptables::new(IpVersion::V4),
+            Arc::new(FakeHost::default())
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn empty_snapshot_is_valid() {
+    let mut p = proxier(FakeIptables::new(IpVersion::V4));
+    let snap = Snapshot::empty(IpFamily::V4, "n");
+    p.sync(&snap, &Changes::default()).unwrap();
+    assert!(save(&p).contains(":KUBE-SERVICES - [0:0]"));
+}

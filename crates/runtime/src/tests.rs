@@ -1,0 +1,236 @@
+//! Sync-loop tests with paused time and a scripted proxier.
+
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kp_model::{
+    Changes, IpFamily, NamespacedName, ObjectKind, Protocol, Service, ServicePortSpec, Snapshot,
+    SourceEvent,
+};
+use kp_proxier::{Proxier, ProxierError, ProxyMode, SyncReport};
+use kp_track::Tracker;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use super::*;
+
+#[derive(Clone, Default)]
+struct Script {
+    calls: Arc<Mutex<Vec<(Instant, Changes, usize)>>>,
+    fail_next: Arc<AtomicUsize>,
+}
+
+struct FakeProxier(Script);
+
+impl Proxier for FakeProxier {
+    fn mode(&self) -> ProxyMode {
+        ProxyMode::Iptables
+    }
+    fn family(&self) -> IpFamily {
+        IpFamily::V4
+    }
+    fn sync(&mut self, snapshot: &Snapshot, changes: &Changes) -> Result<SyncReport, ProxierError> {
+        self.0.calls.lock().unwrap().push((
+            Instant::now(),
+            changes.clone(),
+            snapshot.services.len(),
+        ));
+        if self.0.fail_next.load(Ordering::SeqCst) > 0 {
+            self.0.fail_next.fetch_sub(1, Ordering::SeqCst);
+            return Err(ProxierError::Config("scripted failure".into()));
+        }
+        Ok(SyncReport {
+            full: changes.full_resync_needed,
+            ..SyncReport::default()
+        })
+    }
+}
+
+fn svc(i: u8) -> SourceEvent {
+    let ip: IpAddr = format!("10.96.0.{i}").parse().unwrap();
+    SourceEvent::ServiceUpsert(Service::cluster_ip(
+        NamespacedName::new("default", format!("s{i}")),
+        ip,
+        vec![ServicePortSpec {
+            name: String::new(),
+            protocol: Protocol::Tcp,
+            port: 80,
+            node_port: None,
+        }],
+    ))
+}
+
+fn synced() -> Vec<SourceEvent> {
+    vec![
+        SourceEvent::Synced(ObjectKind::Service),
+        SourceEvent::Synced(ObjectKind::EndpointSlice),
+        SourceEvent::Synced(ObjectKind::Node),
+    ]
+}
+
+struct Harness {
+    tx: mpsc::Sender<Vec<SourceEvent>>,
+    stop: Option<oneshot::Sender<()>>,
+    script: Script,
+    handle: tokio::task::JoinHandle<Result<LoopStats, RuntimeError>>,
+}
+
+fn start(mode: RunMode) -> Harness {
+    let script = Script::default();
+    let (tx, rx) = mpsc::channel(64);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let sync_loop = SyncLoop::new(
+        Tracker::new(IpFamily::V4, "n1"),
+        FakeProxier(script.clone()),
+        RunnerConfig::default(),
+    );
+    let handle = tokio::spawn(sync_loop.run(rx, mode, async {
+        let _ = stopped.await;
+    }));
+    Harness {
+        tx,
+        stop: Some(stop),
+        script,
+        handle,
+    }
+}
+
+impl Harness {
+    fn calls(&self) -> Vec<(Instant, Changes, usize)> {
+        self.script.calls.lock().unwrap().clone()
+    }
+    async fn finish(mut self) -> LoopStats {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.handle.await.unwrap().unwrap()
+    }
+}
+
+async fn settle() {
+    // Let the loop and its blocking sync task run without advancing the paused clock much.
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_sync_before_the_initial_list() {
+    let h = start(RunMode::Daemon);
+    h.tx.send(vec![svc(1)]).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert!(h.calls().is_empty(), "must not program a partial view");
+    h.tx.send(synced()).await.unwrap();
+    settle().await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].2, 1, "the first sync sees the whole initial list");
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn bursts_are_coalesced_and_rate_limited() {
+    let h = start(RunMode::Daemon);
+    h.tx.send(synced()).await.unwrap();
+    settle().await;
+    assert_eq!(h.calls().len(), 1);
+    let first_end = Instant::now();
+    for i in 1..=5 {
+        h.tx.send(vec![svc(i)]).await.unwrap();
+    }
+    settle().await;
+    assert_eq!(
+        h.calls().len(),
+        1,
+        "no second sync within the minimum interval"
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    settle().await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 2, "five changes, one sync");
+    assert!(calls[1].0 >= first_end + Duration::from_millis(950));
+    assert_eq!(calls[1].1.services.len(), 5);
+    // Quiet: no more syncs for a long while (the next full sync is an hour away).
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(h.calls().len(), 2);
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_sync_is_retried_after_the_sync_period() {
+    let h = start(RunMode::Daemon);
+    h.script.fail_next.store(1, Ordering::SeqCst);
+    h.tx.send(synced()).await.unwrap();
+    settle().await;
+    assert_eq!(h.calls().len(), 1);
+    let failed_at = h.calls()[0].0;
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert_eq!(h.calls().len(), 1, "no retry before the retry interval");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 2);
+    assert!(calls[1].0 >= failed_at + Duration::from_secs(30));
+    let stats = h.finish().await;
+    assert_eq!((stats.syncs, stats.failures), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn hourly_full_resync() {
+    let h = start(RunMode::Daemon);
+    h.tx.send(synced()).await.unwrap();
+    settle().await;
+    // The fake reports `full` only when asked for it; mark the first sync full by asking
+    // for a topology change is not possible here, so the hourly timer starts after the first
+    // full sync reported by the proxier. Force one: a node label change.
+    let mut node = kp_model::Node {
+        name: "n1".into(),
+        ..kp_model::Node::default()
+    };
+    node.labels
+        .insert("topology.kubernetes.io/zone".into(), "a".into());
+    h.tx.send(vec![SourceEvent::NodeUpsert(node)])
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    assert_eq!(h.calls().len(), 2);
+    assert!(h.calls()[1].1.full_resync_needed);
+    tokio::time::sleep(Duration::from_secs(3601)).await;
+    settle().await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 3);
+    assert!(calls[2].1.full_resync_needed, "the hourly sync is full");
+    assert!(calls[2].1.services.is_empty());
+    h.finish().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn once_mode() {
+    let h = start(RunMode::Once);
+    h.tx.send(vec![svc(1)]).await.unwrap();
+    h.tx.send(synced()).await.unwrap();
+    let stats = h.handle.await.unwrap().unwrap();
+    assert_eq!(stats.syncs, 1);
+
+    let h = start(RunMode::Once);
+    h.script.fail_next.store(1, Ordering::SeqCst);
+    h.tx.send(synced()).await.unwrap();
+    assert!(matches!(
+        h.handle.await.unwrap(),
+        Err(RuntimeError::SyncFailed(_))
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn source_ending_before_initialization_is_an_error() {
+    let h = start(RunMode::Daemon);
+    drop(h.tx);
+    assert!(matches!(
+        h.handle.await.unwrap(),
+        Err(RuntimeError::SourceEndedEarly)
+    ));
+}

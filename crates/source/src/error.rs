@@ -1,0 +1,54 @@
+//! [`SourceError`]: the crate's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in this crate.
+///
+/// Per-object problems found while loading manifests are not returned as `Err` but collected as
+/// [`crate::manifests::ManifestError`] records (file, line, object, field, message), which carry
+/// the message of a [`SourceError::Invalid`] when the problem was found by [`crate::convert`].
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// An object failed validation in [`crate::convert`]; the whole object is rejected.
+    ///
+    /// `Display` is `FIELD: MESSAGE`, e.g.
+    /// `spec.ports[0].port: 70000 is out of range 1-65535`.
+    #[error("{field}: {message}")]
+    Invalid {
+        /// The field path inside the object, in the API's JSON spelling
+        /// (`spec.ports[1].port`, `metadata.labels["kubernetes.io/service-name"]`).
+        field: String,
+        /// What is wrong with it, quoting the offending value.
+        message: String,
+    },
+
+    /// The path given to [`crate::watch::watch_manifests`] cannot be read at start.
+    #[error("cannot read manifests {path}: {source}")]
+    Path {
+        /// The path as given.
+        path: PathBuf,
+        /// The I/O error (usually "No such file or directory").
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The file watcher (inotify) could not be set up for the path.
+    #[error("cannot watch manifests {path}: {source}")]
+    Watch {
+        /// The path (or parent directory) that could not be watched.
+        path: PathBuf,
+        /// The watcher's error.
+        #[source]
+        source: notify::Error,
+    },
+}
+
+impl SourceError {
+    /// Builds a [`SourceError::Invalid`] for `field`.
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        SourceError::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}

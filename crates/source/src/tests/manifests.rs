@@ -1,0 +1,395 @@
+//! Manifest loading: documents, lists, broken documents, directories, duplicates and diffs.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use kp_model::{NamespacedName, ObjectKind, Protocol, ServiceType, SourceEvent};
+
+use super::{parse, service_yaml, slice_yaml};
+use crate::manifests::{ManifestError, ManifestLoader, ManifestSet, load_path};
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("test IP")
+}
+
+fn nn(ns: &str, name: &str) -> NamespacedName {
+    NamespacedName::new(ns, name)
+}
+
+fn seed_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/seed-nginx/cluster.yaml")
+}
+
+#[test]
+fn seed_nginx_cluster() {
+    let (set, errors) = load_path(&seed_path());
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert_eq!(
+        set.nodes.keys().collect::<Vec<_>>(),
+        ["k8s-master", "k8s-worker"]
+    );
+    assert_eq!(set.nodes["k8s-master"].addresses, [ip("192.168.56.10")]);
+    assert_eq!(
+        set.nodes["k8s-worker"].pod_cidrs[0].to_string(),
+        "10.0.1.0/24"
+    );
+
+    assert_eq!(set.services.len(), 1);
+    let svc = &set.services[&nn("default", "nginx-svc")];
+    assert_eq!(svc.service_type, ServiceType::ClusterIp);
+    assert_eq!(svc.cluster_ips, [ip("10.96.138.71")]);
+    assert_eq!(svc.ports.len(), 1);
+    assert_eq!(
+        (
+            svc.ports[0].name.as_str(),
+            svc.ports[0].port,
+            svc.ports[0].protocol
+        ),
+        ("", 8080, Protocol::Tcp)
+    );
+
+    assert_eq!(set.slices.len(), 1);
+    let slice = &set.slices[&nn("default", "nginx-svc-7xk2p")];
+    assert_eq!(slice.service, nn("default", "nginx-svc"));
+    let eps: Vec<_> = slice
+        .endpoints
+        .iter()
+        .map(|e| (e.address, e.node_name.as_deref(), e.conditions.ready))
+        .collect();
+    assert_eq!(
+        eps,
+        [
+            (ip("10.0.0.4"), Some("k8s-master"), true),
+            (ip("10.0.1.2"), Some("k8s-worker"), true)
+        ]
+    );
+    assert_eq!(slice.ports.len(), 1);
+    assert_eq!(
+        (
+            slice.ports[0].name.as_str(),
+            slice.ports[0].port,
+            slice.ports[0].protocol
+        ),
+        ("", 80, Protocol::Tcp)
+    );
+}
+
+/// What `kubectl get svc,endpointslices -o yaml` prints.
+const KUBECTL_LIST: &str = r#"apiVersion: v1
+items:
+- apiVersion: v1
+  kind: Service
+  metadata:
+    creationTimestamp: "2024-05-01T10:00:00Z"
+    labels:
+      component: apiserver
+    name: kubernetes
+    namespace: default
+    resourceVersion: "197"
+    uid: 1e0c5bc5-3b1f-4d7e-9d55-2b5e4a0c6a11
+  spec:
+    clusterIP: 10.96.0.1
+    clusterIPs:
+    - 10.96.0.1
+    internalTrafficPolicy: Cluster
+    ipFamilies:
+    - IPv4
+    ipFamilyPolicy: SingleStack
+    ports:
+    - name: https
+      port: 443
+      protocol: TCP
+      targetPort: 6443
+    sessionAffinity: None
+    type: ClusterIP
+  status:
+    loadBalancer: {}
+- addressType: IPv4
+  apiVersion: discovery.k8s.io/v1
+  endpoints:
+  - addresses:
+    - 192.168.56.10
+    conditions:
+      ready: true
+      serving: true
+      terminating: false
+  kind: EndpointSlice
+  metadata:
+    creationTimestamp: "2024-05-01T10:00:01Z"
+    generation: 1
+    labels:
+      endpointslice.kubernetes.io/skip-mirror: "true"
+      kubernetes.io/service-name: kubernetes
+    name: kubernetes
+    namespace: default
+    resourceVersion: "199"
+  ports:
+  - name: https
+    port: 6443
+    protocol: TCP
+kind: List
+metadata:
+  resourceVersion: ""
+"#;
+
+#[test]
+fn kubectl_list_output() {
+    let (set, errors) = parse(KUBECTL_LIST);
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert_eq!(
+        set.services[&nn("default", "kubernetes")].ports[0].port,
+        443
+    );
+    let slice = &set.slices[&nn("default", "kubernetes")];
+    assert_eq!(slice.endpoints[0].address, ip("192.168.56.10"));
+    assert_eq!(slice.ports[0].name, "https");
+}
+
+#[test]
+fn typed_list_items_without_kind() {
+    // The API's own list form: items carry no kind/apiVersion.
+    let text = "apiVersion: v1\nkind: ServiceList\nitems:\n- metadata:\n    name: a\n  spec:\n    \
+        clusterIP: 10.96.0.5\n    ports:\n    - port: 80\n- metadata:\n    name: b\n  spec:\n    \
+        clusterIP: 10.96.0.6\n    ports:\n    - port: 70000\n";
+    let (set, errors) = parse(text);
+    assert_eq!(
+        set.services.keys().collect::<Vec<_>>(),
+        [&nn("default", "a")]
+    );
+    assert_eq!(
+        errors,
+        ["t.yaml:1: Service default/b: spec.ports[0].port: 70000 is out of range 1-65535"]
+    );
+    let (set, errors) = parse("apiVersion: v1\nkind: List\nitems: 3\n");
+    assert!(set.is_empty());
+    assert_eq!(
+        errors,
+        ["t.yaml:1: document 1: items: expected a list, found a number"]
+    );
+}
+
+#[test]
+fn multi_document_with_broken_document() {
+    let text = format!(
+        "# leading comment\n---\n{}---\n# only a comment\n---\nkind: [unclosed\n  metadata: x\n---\n\n{}...\n---\n{}",
+        service_yaml("  clusterIP: 10.96.0.10\n  ports:\n  - port: 80\n"),
+        slice_yaml("endpoints:\n- addresses: [10.0.0.1]\n"),
+        service_yaml("  ports:\n  - port: 80\n").replace("name: web", "name: web2"),
+    );
+    let (set, errors) = parse(&text);
+    assert_eq!(
+        set.services.keys().collect::<Vec<_>>(),
+        [&nn("default", "web"), &nn("default", "web2")]
+    );
+    assert_eq!(set.slices.len(), 1);
+    assert_eq!(errors.len(), 1, "{errors:#?}");
+    // The service takes lines 3-11; the broken document is the second non-empty one.
+    assert!(
+        errors[0].starts_with("t.yaml:15: document 2: cannot parse YAML: "),
+        "{}",
+        errors[0]
+    );
+    assert!(!errors[0].contains('\n'));
+    // The parser's own line number is the file's line number.
+    assert!(errors[0].contains("line 16"), "{}", errors[0]);
+}
+
+#[test]
+fn bad_ip_among_good_objects() {
+    let text = format!(
+        "{}---\n{}---\n{}",
+        service_yaml("  clusterIP: 10.96.0.10\n  ports:\n  - port: 80\n"),
+        service_yaml("  clusterIP: 10.96.0.300\n  ports:\n  - port: 80\n")
+            .replace("name: web", "name: bad"),
+        slice_yaml("endpoints:\n- addresses: [10.0.0.1]\n"),
+    );
+    let (set, errors) = parse(&text);
+    assert_eq!(
+        errors,
+        [
+            "t.yaml:11: Service default/bad: spec.clusterIP: \"10.96.0.300\" is not a valid IP address"
+        ]
+    );
+    assert_eq!(
+        set.services.keys().collect::<Vec<_>>(),
+        [&nn("default", "web")]
+    );
+    assert_eq!(set.slices.len(), 1);
+}
+
+#[test]
+fn document_level_errors() {
+    let (_, errors) = parse("just a string\n---\nmetadata: {}\n---\nkind: Service\n---\n- 1\n");
+    assert_eq!(
+        errors,
+        [
+            "t.yaml:1: document 1: expected a Kubernetes object (a mapping with apiVersion and \
+             kind), found a string",
+            "t.yaml:3: document 2: kind: missing; not a Kubernetes object",
+            "t.yaml:5: document 3: apiVersion: missing in a Service",
+            "t.yaml:7: document 4: expected a Kubernetes object (a mapping with apiVersion and \
+             kind), found a list",
+        ]
+    );
+    // A marker line with content keeps its content; JSON parses as YAML.
+    let (set, errors) = parse(
+        "--- {\"apiVersion\": \"v1\", \"kind\": \"Node\", \"metadata\": {\"name\": \"n1\"}}\n",
+    );
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert!(set.nodes.contains_key("n1"));
+}
+
+#[test]
+fn error_display_formats() {
+    let e = ManifestError {
+        file: "a.yaml".into(),
+        line: Some(3),
+        object: Some("Service default/x".into()),
+        field: Some("spec.ports[0].port".into()),
+        message: "70000 is out of range 1-65535".into(),
+    };
+    assert_eq!(
+        e.to_string(),
+        "a.yaml:3: Service default/x: spec.ports[0].port: 70000 is out of range 1-65535"
+    );
+    let e = ManifestError {
+        file: "gone.yaml".into(),
+        line: None,
+        object: None,
+        field: None,
+        message: "cannot read: x".into(),
+    };
+    assert_eq!(e.to_string(), "gone.yaml: cannot read: x");
+}
+
+#[test]
+fn duplicates_keep_the_first() {
+    let svc = service_yaml("  clusterIP: 10.96.0.10\n  ports:\n  - port: 80\n");
+    let other = service_yaml("  clusterIP: 10.96.0.11\n  ports:\n  - port: 80\n");
+    let mut loader = ManifestLoader::new();
+    loader.add_text(Path::new("a.yaml"), &svc);
+    loader.add_text(
+        Path::new("b.yaml"),
+        &format!("{}---\n{other}", slice_yaml("endpoints: []\n")),
+    );
+    let (set, errors) = loader.finish();
+    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        errors,
+        ["b.yaml:11: Service default/web: duplicate definition, first defined at a.yaml:1"]
+    );
+    assert_eq!(
+        set.services[&nn("default", "web")].cluster_ips,
+        [ip("10.96.0.10")]
+    );
+    assert_eq!(set.slices.len(), 1);
+}
+
+#[cfg(unix)]
+#[test]
+fn directory_loading() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let write = |rel: &str, text: &str| {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    };
+    let svc = |name: &str| {
+        service_yaml("  ports:\n  - port: 80\n").replace("name: web", &format!("name: {name}"))
+    };
+    write("b.yaml", &svc("b"));
+    write("a/nested.yml", &svc("nested"));
+    write(
+        "c.json",
+        r#"{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}"#,
+    );
+    write("notes.txt", "not: [yaml");
+    write(".hidden.yaml", "not: [yaml");
+    write(".git/x.yaml", "not: [yaml");
+    // A ConfigMap mount: visible links into ..data, which links to a hidden timestamped dir.
+    write(
+        "cm/..2024_05_01_10_00_00.123/svc.yaml",
+        &svc("from-configmap"),
+    );
+    symlink("..2024_05_01_10_00_00.123", root.join("cm/..data")).expect("symlink");
+    symlink("..data/svc.yaml", root.join("cm/svc.yaml")).expect("symlink");
+    // A link loop must not hang.
+    symlink("..", root.join("a/loop")).expect("symlink");
+
+    let (set, errors) = load_path(root);
+    assert!(errors.is_empty(), "{errors:#?}");
+    let names: Vec<&str> = set.services.keys().map(|k| k.name.as_str()).collect();
+    assert_eq!(names, ["b", "from-configmap", "nested"]);
+    assert!(set.nodes.contains_key("n1"));
+
+    // A file named directly is read whatever its extension.
+    write("svc.conf", &svc("conf"));
+    let (set, errors) = load_path(&root.join("svc.conf"));
+    assert!(errors.is_empty(), "{errors:#?}");
+    assert!(set.services.contains_key(&nn("default", "conf")));
+
+    // A missing path is one error naming it.
+    let missing = root.join("missing.yaml");
+    let (set, errors) = load_path(&missing);
+    assert!(set.is_empty());
+    assert_eq!(errors.len(), 1);
+    assert!(
+        errors[0]
+            .to_string()
+            .starts_with(&format!("{}: cannot read: ", missing.display()))
+    );
+}
+
+#[test]
+fn diff_and_initial_events() {
+    let base = format!(
+        "{}---\n{}---\napiVersion: v1\nkind: Node\nmetadata:\n  name: n1\n",
+        service_yaml("  clusterIP: 10.96.0.10\n  ports:\n  - port: 80\n"),
+        slice_yaml("endpoints:\n- addresses: [10.0.0.1]\n- addresses: [10.0.0.2]\n"),
+    );
+    let (old, errors) = parse(&base);
+    assert!(errors.is_empty(), "{errors:#?}");
+
+    let initial = old.initial_events();
+    assert_eq!(initial.len(), 6);
+    assert!(matches!(initial[0], SourceEvent::ServiceUpsert(_)));
+    assert!(matches!(initial[1], SourceEvent::SliceUpsert(_)));
+    assert!(matches!(initial[2], SourceEvent::NodeUpsert(_)));
+    assert_eq!(
+        initial[3..],
+        [
+            SourceEvent::Synced(ObjectKind::Service),
+            SourceEvent::Synced(ObjectKind::EndpointSlice),
+            SourceEvent::Synced(ObjectKind::Node),
+        ]
+    );
+    assert!(old.diff(&old).is_empty());
+    assert_eq!(ManifestSet::default().initial_events().len(), 3);
+
+    // Remove an endpoint, delete the node, add a Service.
+    let newer_text = format!(
+        "{}---\n{}---\n{}",
+        service_yaml("  clusterIP: 10.96.0.10\n  ports:\n  - port: 80\n"),
+        slice_yaml("endpoints:\n- addresses: [10.0.0.1]\n"),
+        service_yaml("  ports:\n  - port: 81\n").replace("name: web", "name: web2"),
+    );
+    let (newer, errors) = parse(&newer_text);
+    assert!(errors.is_empty(), "{errors:#?}");
+    let events = old.diff(&newer);
+    assert_eq!(events.len(), 3, "{events:#?}");
+    assert!(matches!(&events[0], SourceEvent::ServiceUpsert(s) if s.name == nn("default", "web2")));
+    assert!(matches!(&events[1], SourceEvent::SliceUpsert(s) if s.endpoints.len() == 1));
+    assert_eq!(events[2], SourceEvent::NodeDelete("n1".into()));
+
+    let gone = old.diff(&ManifestSet::default());
+    assert_eq!(
+        gone,
+        [
+            SourceEvent::ServiceDelete(nn("default", "web")),
+            SourceEvent::SliceDelete(nn("default", "web-abc")),
+            SourceEvent::NodeDelete("n1".into()),
+        ]
+    );
+}

@@ -1,0 +1,396 @@
+//! [`Tracker`]: objects in, per-family snapshots and change sets out.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use kp_model::{
+    Changes, Endpoint, EndpointSlice, IpFamily, NamespacedName, Node, ObjectKind, Service,
+    ServicePortInfo, ServicePortName, ServiceType, SliceAddressType, Snapshot, SourceEvent,
+    TrafficPolicy,
+};
+
+/// Node labels that matter for topology-aware routing; a change to one of them (or to the
+/// node's pod CIDRs or addresses, which rules may embed) forces a full resync (upstream's
+/// `OnTopologyChange`).
+const TOPOLOGY_LABELS: [&str; 3] = [
+    "topology.kubernetes.io/zone",
+    "topology.kubernetes.io/region",
+    "kubernetes.io/hostname",
+];
+
+/// Change tracker for one IP family on one node.
+///
+/// Feed it [`SourceEvent`]s with [`Tracker::apply`]; take a consistent view with
+/// [`Tracker::checkout`]. Applying an object equal to the one held is a no-op, so sources may
+/// repeat objects freely. The tracker is initialized once Services and EndpointSlices have
+/// both reported their initial list ([`SourceEvent::Synced`]); a proxier must not sync before
+/// (it would program a partial view and then delete rules of Services not yet seen).
+#[derive(Debug)]
+pub struct Tracker {
+    family: IpFamily,
+    node_name: String,
+    services: HashMap<NamespacedName, Service>,
+    /// Slices grouped by the Service they belong to, then by slice name (sorted, so merging
+    /// is deterministic).
+    slices: HashMap<NamespacedName, BTreeMap<String, EndpointSlice>>,
+    /// Slice name → Service it currently belongs to (a slice's label may change).
+    slice_owner: HashMap<NamespacedName, NamespacedName>,
+    node: Option<Node>,
+    synced: BTreeSet<ObjectKind>,
+    dirty: BTreeSet<NamespacedName>,
+    full_resync_needed: bool,
+    /// The view as of the last checkout.
+    current: Snapshot,
+    /// ServicePortNames each Service contributed to `current`, for removal on change.
+    ports_of: HashMap<NamespacedName, Vec<ServicePortName>>,
+}
+
+impl Tracker {
+    /// A tracker for `family` on the node named `node_name` (which decides which endpoints
+    /// are local).
+    pub fn new(family: IpFamily, node_name: impl Into<String>) -> Self {
+        let node_name = node_name.into();
+        Tracker {
+            family,
+            current: Snapshot::empty(family, node_name.clone()),
+            node_name,
+            services: HashMap::new(),
+            slices: HashMap::new(),
+            slice_owner: HashMap::new(),
+            node: None,
+            synced: BTreeSet::new(),
+            dirty: BTreeSet::new(),
+            full_resync_needed: false,
+            ports_of: HashMap::new(),
+        }
+    }
+
+    /// The family this tracker builds snapshots for.
+    pub fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    /// This node's Node object, if the source delivered it.
+    pub fn node(&self) -> Option<&Node> {
+        self.node.as_ref()
+    }
+
+    /// Whether Services and EndpointSlices have both delivered their initial list.
+    pub fn is_initialized(&self) -> bool {
+        self.synced.contains(&ObjectKind::Service)
+            && self.synced.contains(&ObjectKind::EndpointSlice)
+    }
+
+    /// Whether changes are waiting for the next checkout.
+    pub fn has_pending_changes(&self) -> bool {
+        !self.dirty.is_empty() || self.full_resync_needed
+    }
+
+    /// Number of Services with pending changes (for the `..._changes_pending` metrics).
+    pub fn pending_services(&self) -> usize {
+        self.dirty.len()
+    }
+
+    /// Applies one event. Returns `true` when it changed something a sync must act on
+    /// (including the first `Synced` that completes initialization).
+    pub fn apply(&mut self, event: SourceEvent) -> bool {
+        match event {
+            SourceEvent::ServiceUpsert(svc) => {
+                if self.services.get(&svc.name) == Some(&svc) {
+                    return false;
+                }
+                self.dirty.insert(svc.name.clone());
+                self.services.insert(svc.name.clone(), svc);
+                true
+            }
+            SourceEvent::ServiceDelete(name) => {
+                if self.services.remove(&name).is_some() {
+                    self.dirty.insert(name);
+                    true
+                } else {
+                    false
+                }
+            }
+            SourceEvent::SliceUpsert(slice) => self.upsert_slice(slice),
+            SourceEvent::SliceDelete(name) => self.delete_slice(&name),
+            SourceEvent::NodeUpsert(node) => {
+                if node.name != self.node_name {
+                    return false;
+                }
+                let old = self.node.replace(node);
+                let new = self.node.as_ref();
+                let topology_changed = TOPOLOGY_LABELS.iter().any(|k| {
+                    old.as_ref().and_then(|n| n.labels.get(*k))
+                        != new.and_then(|n| n.labels.get(*k))
+                }) || old.as_ref().map(|n| &n.pod_cidrs)
+                    != new.map(|n| &n.pod_cidrs)
+                    || old.as_ref().map(|n| &n.addresses) != new.map(|n| &n.addresses);
+                if topology_changed {
+                    self.full_resync_needed = true;
+                }
+                topology_changed
+            }
+            SourceEvent::NodeDelete(name) => {
+                if name != self.node_name || self.node.is_none() {
+                    return false;
+                }
+                let had_topology = self.node.take().is_some_and(|n| {
+                    TOPOLOGY_LABELS.iter().any(|k| n.labels.contains_key(*k))
+                        || !n.pod_cidrs.is_empty()
+                        || !n.addresses.is_empty()
+                });
+                if had_topology {
+                    self.full_resync_needed = true;
+                }
+                had_topology
+            }
+            SourceEvent::Synced(kind) => {
+                let was = self.is_initialized();
+                self.synced.insert(kind);
+                !was && self.is_initialized()
+            }
+        }
+    }
+
+    fn upsert_slice(&mut self, slice: EndpointSlice) -> bool {
+        let previous_owner = self.slice_owner.get(&slice.name).cloned();
+        if let Some(owner) = &previous_owner {
+            if self.slices.get(owner).and_then(|m| m.get(&slice.name.name)) == Some(&slice) {
+                return false;
+            }
+            if *owner != slice.service {
+                // The slice moved to another Service: take it out of the old one.
+                self.remove_slice_from(owner, &slice.name.name);
+                self.dirty.insert(owner.clone());
+            }
+        }
+        self.dirty.insert(slice.service.clone());
+        self.slice_owner
+            .insert(slice.name.clone(), slice.service.clone());
+        self.slices
+            .entry(slice.service.clone())
+            .or_default()
+            .insert(slice.name.name.clone(), slice);
+        true
+    }
+
+    fn delete_slice(&mut self, name: &NamespacedName) -> bool {
+        let Some(owner) = self.slice_owner.remove(name) else {
+            return false;
+        };
+        self.remove_slice_from(&owner, &name.name);
+        self.dirty.insert(owner);
+        true
+    }
+
+    fn remove_slice_from(&mut self, owner: &NamespacedName, slice_name: &str) {
+        if let Some(m) = self.slices.get_mut(owner) {
+            m.remove(slice_name);
+            if m.is_empty() {
+                self.slices.remove(owner);
+            }
+        }
+    }
+
+    /// Takes the current view and what changed since the previous checkout, and clears the
+    /// pending changes. Only changed Services are recomputed.
+    pub fn checkout(&mut self) -> (Arc<Snapshot>, Changes) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for name in &dirty {
+            self.rebuild_service(name);
+        }
+        self.current.node_labels = self
+            .node
+            .as_ref()
+            .map(|n| n.labels.clone())
+            .unwrap_or_default();
+        self.current.node_ips = self
+            .node
+            .as_ref()
+            .map(|n| {
+                n.addresses
+                    .iter()
+                    .copied()
+                    .filter(|ip| self.family.contains(ip))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.current.node_pod_cidrs = self
+            .node
+            .as_ref()
+            .map(|n| {
+                n.pod_cidrs
+                    .iter()
+                    .copied()
+                    .filter(|c| self.family.contains(&c.addr()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let changes = Changes {
+            services: dirty,
+            full_resync_needed: std::mem::take(&mut self.full_resync_needed),
+        };
+        (Arc::new(self.current.clone()), changes)
+    }
+
+    fn rebuild_service(&mut self, name: &NamespacedName) {
+        if let Some(old) = self.ports_of.remove(name) {
+            for spn in old {
+                self.current.services.remove(&spn);
+                self.current.endpoints.remove(&spn);
+            }
+        }
+        let Some(svc) = self.services.get(name) else {
+            return;
+        };
+        let infos = service_port_infos(svc, self.family);
+        if infos.is_empty() {
+            return;
+        }
+        let mut endpoints = merge_slices(self.slices.get(name), self.family, &self.node_name);
+        let mut names = Vec::with_capacity(infos.len());
+        for info in infos {
+            let spn = info.name.clone();
+            if let Some(eps) = endpoints.remove(&spn) {
+                self.current.endpoints.insert(spn.clone(), eps.into());
+            }
+            self.current.services.insert(spn.clone(), Arc::new(info));
+            names.push(spn);
+        }
+        self.ports_of.insert(name.clone(), names);
+    }
+}
+
+/// Builds the ServicePortInfos of `svc` for `family`; empty when the Service is not proxied
+/// in that family (ExternalName, headless, no cluster IP of the family).
+pub(crate) fn service_port_infos(svc: &Service, family: IpFamily) -> Vec<ServicePortInfo> {
+    if svc.service_type == ServiceType::ExternalName || svc.headless {
+        return Vec::new();
+    }
+    let Some(cluster_ip) = svc
+        .cluster_ips
+        .iter()
+        .copied()
+        .find(|ip| family.contains(ip))
+    else {
+        return Vec::new();
+    };
+    let has_node_ports = matches!(
+        svc.service_type,
+        ServiceType::NodePort | ServiceType::LoadBalancer
+    );
+    let externally_accessible = has_node_ports || !svc.external_ips.is_empty();
+    let external_policy_local =
+        externally_accessible && svc.external_traffic_policy == TrafficPolicy::Local;
+    let health_check_node_port = if svc.service_type == ServiceType::LoadBalancer
+        && svc.external_traffic_policy == TrafficPolicy::Local
+    {
+        svc.health_check_node_port
+    } else {
+        None
+    };
+    let external_ips: Vec<_> = svc
+        .external_ips
+        .iter()
+        .copied()
+        .filter(|ip| family.contains(ip))
+        .collect();
+    let load_balancer_vips: Vec<_> = if svc.service_type == ServiceType::LoadBalancer {
+        svc.load_balancer_ingress
+            .iter()
+            .filter(|i| i.ip_mode == kp_model::LoadBalancerIpMode::Vip && family.contains(&i.ip))
+            .map(|i| i.ip)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let load_balancer_source_ranges: Vec<_> = svc
+        .load_balancer_source_ranges
+        .iter()
+        .copied()
+        .filter(|net| family.contains(&net.addr()))
+        .collect();
+    svc.ports
+        .iter()
+        .map(|p| ServicePortInfo {
+            name: ServicePortName::new(svc.name.clone(), p.name.clone(), p.protocol),
+            service_type: svc.service_type,
+            cluster_ip,
+            port: p.port,
+            node_port: if has_node_ports { p.node_port } else { None },
+            external_ips: external_ips.clone(),
+            load_balancer_vips: load_balancer_vips.clone(),
+            load_balancer_source_ranges: load_balancer_source_ranges.clone(),
+            session_affinity: svc.session_affinity,
+            external_policy_local,
+            internal_policy_local: svc.internal_traffic_policy == TrafficPolicy::Local,
+            health_check_node_port,
+            traffic_distribution: svc.traffic_distribution.clone(),
+        })
+        .collect()
+}
+
+/// Merges a Service's slices into endpoints per ServicePortName: slices of another family
+/// are ignored, an `ip:port` seen twice is kept once (a local copy wins), and each list is
+/// sorted by its `ip:port` text.
+pub(crate) fn merge_slices(
+    slices: Option<&BTreeMap<String, EndpointSlice>>,
+    family: IpFamily,
+    node_name: &str,
+) -> HashMap<ServicePortName, Vec<Endpoint>> {
+    let mut by_port: HashMap<ServicePortName, BTreeMap<String, Endpoint>> = HashMap::new();
+    let Some(slices) = slices else {
+        return HashMap::new();
+    };
+    for slice in slices.values() {
+        let slice_family = match slice.address_type {
+            SliceAddressType::V4 => IpFamily::V4,
+            SliceAddressType::V6 => IpFamily::V6,
+        };
+        if slice_family != family {
+            continue;
+        }
+        for port in &slice.ports {
+            let spn = ServicePortName::new(slice.service.clone(), port.name.clone(), port.protocol);
+            let set = by_port.entry(spn).or_default();
+            for entry in &slice.endpoints {
+                if !family.contains(&entry.address) {
+                    continue;
+                }
+                let is_local =
+                    !node_name.is_empty() && entry.node_name.as_deref() == Some(node_name);
+                let ep = Endpoint {
+                    ip: entry.address,
+                    port: port.port,
+                    is_local,
+                    ready: entry.conditions.ready,
+                    serving: entry.conditions.serving,
+                    terminating: entry.conditions.terminating,
+                    zone_hints: entry
+                        .zone_hints
+                        .as_ref()
+                        .map(|h| h.iter().cloned().collect()),
+                    node_hints: entry
+                        .node_hints
+                        .as_ref()
+                        .map(|h| h.iter().cloned().collect()),
+                };
+                let key = ep.to_string();
+                match set.get(&key) {
+                    Some(_) if !is_local => {}
+                    _ => {
+                        set.insert(key, ep);
+                    }
+                }
+            }
+        }
+    }
+    by_port
+        .into_iter()
+        .filter(|(_, set)| !set.is_empty())
+        .map(|(spn, set)| (spn, set.into_values().collect()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

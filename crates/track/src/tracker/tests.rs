@@ -1,0 +1,427 @@
+//! Tracker tests: unit cases and a property test against a recompute-from-scratch model.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use kp_model::{
+    EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, IpFamily, NamespacedName, Node,
+    ObjectKind, Protocol, Service, ServicePortName, ServicePortSpec, ServiceType, SliceAddressType,
+    SourceEvent,
+};
+use proptest::prelude::*;
+
+use super::Tracker;
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+fn svc(name: &str, cluster_ip: &str, ports: &[(&str, u16)]) -> Service {
+    Service::cluster_ip(
+        NamespacedName::new("default", name),
+        ip(cluster_ip),
+        ports
+            .iter()
+            .map(|(n, p)| ServicePortSpec {
+                name: n.to_string(),
+                protocol: Protocol::Tcp,
+                port: *p,
+                node_port: None,
+            })
+            .collect(),
+    )
+}
+
+fn slice(name: &str, service: &str, ports: &[(&str, u16)], eps: &[(&str, &str)]) -> EndpointSlice {
+    EndpointSlice {
+        name: NamespacedName::new("default", name),
+        service: NamespacedName::new("default", service),
+        address_type: SliceAddressType::V4,
+        ports: ports
+            .iter()
+            .map(|(n, p)| EndpointPort {
+                name: n.to_string(),
+                protocol: Protocol::Tcp,
+                port: *p,
+            })
+            .collect(),
+        endpoints: eps
+            .iter()
+            .map(|(a, node)| EndpointEntry::ready(ip(a), Some(node)))
+            .collect(),
+        last_change_trigger_time: None,
+    }
+}
+
+fn synced(t: &mut Tracker) {
+    for k in [
+        ObjectKind::Service,
+        ObjectKind::EndpointSlice,
+        ObjectKind::Node,
+    ] {
+        t.apply(SourceEvent::Synced(k));
+    }
+}
+
+fn spn(service: &str, port: &str) -> ServicePortName {
+    ServicePortName::new(NamespacedName::new("default", service), port, Protocol::Tcp)
+}
+
+#[test]
+fn seed_example_snapshot() {
+    let mut t = Tracker::new(IpFamily::V4, "k8s-master");
+    assert!(!t.is_initialized());
+    t.apply(SourceEvent::ServiceUpsert(svc(
+        "nginx-svc",
+        "10.96.138.71",
+        &[("", 8080)],
+    )));
+    t.apply(SourceEvent::SliceUpsert(slice(
+        "nginx-svc-7xk2p",
+        "nginx-svc",
+        &[("", 80)],
+        &[("10.0.1.2", "k8s-worker"), ("10.0.0.4", "k8s-master")],
+    )));
+    assert!(!t.is_initialized());
+    t.apply(SourceEvent::Synced(ObjectKind::Service));
+    assert!(
+        t.apply(SourceEvent::Synced(ObjectKind::EndpointSlice)),
+        "initialization is a change"
+    );
+    assert!(t.is_initialized());
+    let (snap, changes) = t.checkout();
+    assert_eq!(changes.services.len(), 1);
+    let name = spn("nginx-svc", "");
+    let info = &snap.services[&name];
+    assert_eq!(info.cluster_ip, ip("10.96.138.71"));
+    assert_eq!(info.port, 8080);
+    let eps: Vec<String> = snap
+        .endpoints_of(&name)
+        .iter()
+        .map(|e| e.to_string())
+        .collect();
+    assert_eq!(eps, ["10.0.0.4:80", "10.0.1.2:80"]);
+    assert!(snap.endpoints_of(&name)[0].is_local);
+    assert!(!snap.endpoints_of(&name)[1].is_local);
+    // Nothing pending: a second checkout reports no change and the same view.
+    let (snap2, changes2) = t.checkout();
+    assert!(changes2.is_empty());
+    assert_eq!(*snap, *snap2);
+}
+
+#[test]
+fn repeated_objects_are_no_ops() {
+    let mut t = Tracker::new(IpFamily::V4, "n1");
+    let s = svc("a", "10.96.0.1", &[("", 80)]);
+    assert!(t.apply(SourceEvent::ServiceUpsert(s.clone())));
+    t.checkout();
+    assert!(!t.apply(SourceEvent::ServiceUpsert(s)));
+    let sl = slice("a-1", "a", &[("", 80)], &[("10.0.0.1", "n1")]);
+    assert!(t.apply(SourceEvent::SliceUpsert(sl.clone())));
+    t.checkout();
+    assert!(!t.apply(SourceEvent::SliceUpsert(sl)));
+    assert!(!t.apply(SourceEvent::ServiceDelete(NamespacedName::new(
+        "default", "nope"
+    ))));
+    assert!(!t.apply(SourceEvent::SliceDelete(NamespacedName::new(
+        "default", "nope"
+    ))));
+    assert!(!t.has_pending_changes());
+}
+
+#[test]
+fn endpoint_in_two_slices_counted_once_and_local_wins() {
+    let mut t = Tracker::new(IpFamily::V4, "n1");
+    synced(&mut t);
+    t.apply(SourceEvent::ServiceUpsert(svc(
+        "a",
+        "10.96.0.1",
+        &[("", 80)],
+    )));
+    t.apply(SourceEvent::SliceUpsert(slice(
+        "a-1",
+        "a",
+        &[("", 8080)],
+        &[("10.0.0.1", "n2")],
+    )));
+    t.apply(SourceEvent::SliceUpsert(slice(
+        "a-2",
+        "a",
+        &[("", 8080)],
+        &[("10.0.0.1", "n1"), ("10.0.0.2", "n2")],
+    )));
+    let (snap, _) = t.checkout();
+    let eps = snap.endpoints_of(&spn("a", ""));
+    assert_eq!(eps.len(), 2);
+    assert!(
+        eps[0].is_local,
+        "the local copy of a duplicated endpoint wins"
+    );
+}
+
+#[test]
+fn ports_matched_by_name_and_protocol() {
+    let mut t = Tracker::new(IpFamily::V4, "n1");
+    synced(&mut t);
+    t.apply(SourceEvent::ServiceUpsert(svc(
+        "a",
+        "10.96.0.1",
+        &[("http", 80), ("metrics", 9090)],
+    )));
+    t.apply(SourceEvent::SliceUpsert(slice(
+        "a-1",
+        "a",
+        &[("http", 8080), ("metrics", 9100), ("other", 1)],
+        &[("10.0.0.1", "n1")],
+    )));
+    let (snap, _) = t.checkout();
+    assert_eq!(snap.endpoints_of(&spn("a", "http"))[0].port, 8080);
+    assert_eq!(snap.endpoints_of(&spn("a", "metrics"))[0].port, 9100);
+    assert!(
+        !snap.endpoints.contains_key(&spn("a", "other")),
+        "slice ports without a Service port are not in the snapshot"
+    );
+    let udp = ServicePortName::new(NamespacedName::new("default", "a"), "http", Protocol::Udp);
+    assert!(snap.endpoints_of(&udp).is_empty());
+}
+
+#[test]
+fn skipped_services() {
+    let mut t = Tracker::new(IpFamily::V4, "n1");
+    synced(&mut t);
+    let mut headless = svc("h", "10.96.0.1", &[("", 80)]);
+    headless.cluster_ips.clear();
+    headless.headless = true;
+    let mut external = svc("e", "10.96.0.2", &[("", 80)]);
+    external.service_type = ServiceType::ExternalName;
+    external.cluster_ips.clear();
+    let v6only = svc("six", "fd00::1", &[("", 80)]);
+    for s in [headless, external, v6only] {
+        t.apply(SourceEvent::ServiceUpsert(s));
+    }
+    let (snap, changes) = t.checkout();
+    assert_eq!(
+        changes.services.len(),
+        3,
+        "the tracker still reports the changes"
+    );
+    assert!(snap.services.is_empty());
+}
+
+#[test]
+fn service_deletion_and_slice_move() {
+    let mut t = Tracker::new(IpFamily::V4, "n1");
+    synced(&mut t);
+    t.apply(SourceEvent::ServiceUpsert(svc(
+        "a",
+        "10.96.0.1",
+        &[("", 80)],
+    )));
+    t.apply(SourceEvent::ServiceUpsert(svc(
+        "b",
+        "10.96.0.2",
+        &[("", 80)],
+    )));
+    t.apply(SourceEvent::SliceUpsert(slice(
+        "s",
+        "a",
+        &[("", 80)],
+        &[("10.0.0.1", "n1")],
+    )));
+    t.checkout();
+    // The slice's label now names Service b.
+    t.apply(SourceEvent::SliceUpsert(slice(
+        "s",
+        "b",
+        &[("", 80)],
+        &[("10.0.0.1", "n1")],
+    )));
+    let (snap, changes) = t.checkout();
+    assert_eq!(changes.services.len(), 2);
+    assert!(snap.endpoints_of(&spn("a", "")).is_empty());
+    assert_eq!(snap.endpoints_of(&spn("b", "")).len(), 1);
+    t.apply(SourceEvent::ServiceDelete(NamespacedName::new(
+        "default", "b",
+    )));
+    let (snap, _) = t.checkout();
+    assert!(!snap.services.contains_key(&spn("b", "")));
+    assert!(!snap.endpoints.contains_key(&spn("b", "")));
+}
+
+#[test]
+fn topology_label_change_needs_full_resync() {
+    let mut t = Tracker::new(IpFamily::V4, "n1");
+    let mut node = Node {
+        name: "n1".into(),
+        ..Node::default()
+    };
+    node.labels
+        .insert("topology.kubernetes.io/zone".into(), "a".into());
+    assert!(t.apply(SourceEvent::NodeUpsert(node.clone())));
+    assert!(!t.apply(SourceEvent::NodeUpsert(node.clone())));
+    node.labels.insert("unrelated".into(), "x".into());
+    assert!(
+        !t.apply(SourceEvent::NodeUpsert(node.clone())),
+        "non-topology labels do not matter"
+    );
+    let other = Node {
+        name: "n2".into(),
+        ..Node::default()
+    };
+    assert!(
+        !t.apply(SourceEvent::NodeUpsert(other)),
+        "other nodes are ignored"
+    );
+    node.labels
+        .insert("topology.kubernetes.io/zone".into(), "b".into());
+    assert!(t.apply(SourceEvent::NodeUpsert(node)));
+    let (snap, changes) = t.checkout();
+    assert!(changes.full_resync_needed);
+    assert_eq!(snap.node_labels["topology.kubernetes.io/zone"], "b");
+}
+
+#[test]
+fn conditions_carried() {
+    let mut t = Tracker::new(IpFamily::V4, "n1");
+    synced(&mut t);
+    t.apply(SourceEvent::ServiceUpsert(svc(
+        "a",
+        "10.96.0.1",
+        &[("", 80)],
+    )));
+    let mut sl = slice("s", "a", &[("", 80)], &[("10.0.0.1", "n1")]);
+    sl.endpoints[0].conditions = EndpointConditions {
+        ready: false,
+        serving: true,
+        terminating: true,
+    };
+    t.apply(SourceEvent::SliceUpsert(sl));
+    let (snap, _) = t.checkout();
+    let ep = &snap.endpoints_of(&spn("a", ""))[0];
+    assert!(!ep.ready && ep.serving && ep.terminating);
+}
+
+// ---- property test: incremental tracking equals recomputation from scratch ----
+
+#[derive(Debug, Clone)]
+enum Op {
+    UpsertService {
+        svc: usize,
+        ip_last: u8,
+        two_ports: bool,
+    },
+    DeleteService {
+        svc: usize,
+    },
+    UpsertSlice {
+        slice: usize,
+        owner: usize,
+        eps: Vec<(u8, bool, bool)>,
+    },
+    DeleteSlice {
+        slice: usize,
+    },
+    Checkout,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..4usize, 1..4u8, any::<bool>()).prop_map(|(svc, ip_last, two_ports)| {
+            Op::UpsertService {
+                svc,
+                ip_last,
+                two_ports,
+            }
+        }),
+        (0..4usize).prop_map(|svc| Op::DeleteService { svc }),
+        (
+            0..6usize,
+            0..4usize,
+            prop::collection::vec((1..6u8, any::<bool>(), any::<bool>()), 0..4)
+        )
+            .prop_map(|(slice, owner, eps)| Op::UpsertSlice { slice, owner, eps }),
+        (0..6usize).prop_map(|slice| Op::DeleteSlice { slice }),
+        Just(Op::Checkout),
+    ]
+}
+
+fn make_service(i: usize, ip_last: u8, two_ports: bool) -> Service {
+    let mut ports = vec![("http", 80)];
+    if two_ports {
+        ports.push(("dns", 53));
+    }
+    svc(&format!("svc{i}"), &format!("10.96.0.{ip_last}"), &ports)
+}
+
+fn make_slice(i: usize, owner: usize, eps: &[(u8, bool, bool)]) -> EndpointSlice {
+    let mut s = slice(
+        &format!("slice{i}"),
+        &format!("svc{owner}"),
+        &[("http", 8080), ("dns", 5353)],
+        &[],
+    );
+    s.endpoints = eps
+        .iter()
+        .map(|(last, local, ready)| {
+            let mut e = EndpointEntry::ready(
+                ip(&format!("10.0.0.{last}")),
+                Some(if *local { "n1" } else { "n2" }),
+            );
+            e.conditions.ready = *ready;
+            e
+        })
+        .collect();
+    s
+}
+
+proptest! {
+    #[test]
+    fn incremental_equals_from_scratch(ops in prop::collection::vec(op(), 1..40)) {
+        let mut t = Tracker::new(IpFamily::V4, "n1");
+        synced(&mut t);
+        let mut services: BTreeMap<usize, Service> = BTreeMap::new();
+        let mut slices: BTreeMap<usize, EndpointSlice> = BTreeMap::new();
+        let mut last_checkout = t.checkout().0;
+        for op in ops.into_iter().chain([Op::Checkout]) {
+            match op {
+                Op::UpsertService { svc, ip_last, two_ports } => {
+                    let s = make_service(svc, ip_last, two_ports);
+                    services.insert(svc, s.clone());
+                    t.apply(SourceEvent::ServiceUpsert(s));
+                }
+                Op::DeleteService { svc } => {
+                    services.remove(&svc);
+                    t.apply(SourceEvent::ServiceDelete(NamespacedName::new("default", format!("svc{svc}"))));
+                }
+                Op::UpsertSlice { slice, owner, eps } => {
+                    let s = make_slice(slice, owner, &eps);
+                    slices.insert(slice, s.clone());
+                    t.apply(SourceEvent::SliceUpsert(s));
+                }
+                Op::DeleteSlice { slice } => {
+                    slices.remove(&slice);
+                    t.apply(SourceEvent::SliceDelete(NamespacedName::new("default", format!("slice{slice}"))));
+                }
+                Op::Checkout => {
+                    let (snap, changes) = t.checkout();
+                    // The model: a fresh tracker fed only the final objects.
+                    let mut fresh = Tracker::new(IpFamily::V4, "n1");
+                    synced(&mut fresh);
+                    for s in services.values() { fresh.apply(SourceEvent::ServiceUpsert(s.clone())); }
+                    for s in slices.values() { fresh.apply(SourceEvent::SliceUpsert(s.clone())); }
+                    let (expected, _) = fresh.checkout();
+                    prop_assert_eq!(&*snap, &*expected);
+                    // Every Service whose rendered view differs must be reported changed.
+                    for (name, info) in snap.services.iter().chain(last_checkout.services.iter()) {
+                        let before = (last_checkout.services.get(name), last_checkout.endpoints.get(name));
+                        let after = (snap.services.get(name), snap.endpoints.get(name));
+                        if before != after {
+                            prop_assert!(changes.services.contains(&info.name.service), "{} changed but not reported", name);
+                        }
+                    }
+                    last_checkout = snap;
+                }
+            }
+        }
+    }
+}

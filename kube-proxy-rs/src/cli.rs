@@ -1,0 +1,276 @@
+//! Command line: upstream kube-proxy's flags (same names, same defaults) plus our own
+//! (`--manifests`, `--dry-run`, `--once`, `--iptables-backend`) and subcommands.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+
+/// kube-proxy-rs: a Kubernetes service proxy, compatible with kube-proxy.
+///
+/// Without a subcommand it runs the proxy: it reads Services, EndpointSlices and Nodes and
+/// programs this node so traffic to Service addresses reaches ready Pods.
+#[derive(Debug, Parser)]
+#[command(name = "kube-proxy-rs", version, about, long_about = None, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    /// A subcommand; without one, the proxy runs.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Proxy flags.
+    #[command(flatten)]
+    pub proxy: ProxyArgs,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Build a network-namespace sandbox (client, node, backends), run the proxy in it, send
+    /// requests to every Service and report which backends answered. Needs root.
+    Sandbox(SandboxArgs),
+}
+
+/// `--proxy-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ProxyModeArg {
+    /// iptables rules (KUBE-SERVICES → KUBE-SVC → KUBE-SEP); the default.
+    Iptables,
+    /// nftables verdict maps (not implemented yet).
+    Nftables,
+    /// IPVS virtual servers (not implemented yet).
+    Ipvs,
+}
+
+/// `--detect-local-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum DetectLocalModeArg {
+    /// Pod traffic comes from `--cluster-cidr`.
+    #[value(name = "ClusterCIDR")]
+    ClusterCidr,
+    /// Pod traffic comes from this node's `spec.podCIDRs`.
+    #[value(name = "NodeCIDR")]
+    NodeCidr,
+    /// Pod traffic arrives on `--pod-bridge-interface`.
+    #[value(name = "BridgeInterface")]
+    BridgeInterface,
+    /// Pod traffic arrives on interfaces named `--pod-interface-name-prefix*`.
+    #[value(name = "InterfaceNamePrefix")]
+    InterfaceNamePrefix,
+}
+
+/// Which iptables binaries to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IptablesBackendArg {
+    /// `iptables-restore` as found on PATH (Debian: the nf_tables backend).
+    Auto,
+    /// `iptables-nft-restore`.
+    Nft,
+    /// `iptables-legacy-restore`.
+    Legacy,
+}
+
+/// Flags of the proxy itself, named as upstream kube-proxy names them.
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// Which proxy mode to use.
+    #[arg(long, value_enum, default_value = "iptables")]
+    pub proxy_mode: ProxyModeArg,
+
+    /// Read Services, EndpointSlices and Nodes from this YAML file or directory (as
+    /// `kubectl get -o yaml` prints them) instead of the API server; re-read on change.
+    #[arg(long, value_name = "PATH")]
+    pub manifests: Option<PathBuf>,
+
+    /// The pod CIDR(s) of the cluster, comma-separated (one per family): traffic from
+    /// outside them to a ClusterIP is masqueraded.
+    #[arg(long, value_name = "CIDR[,CIDR]", value_delimiter = ',')]
+    pub cluster_cidr: Vec<String>,
+
+    /// How pod traffic is recognised; default ClusterCIDR when --cluster-cidr is set.
+    #[arg(long, value_enum)]
+    pub detect_local_mode: Option<DetectLocalModeArg>,
+
+    /// The bridge pods are attached to (with --detect-local-mode BridgeInterface).
+    #[arg(long, value_name = "NAME")]
+    pub pod_bridge_interface: Option<String>,
+
+    /// The prefix of pod interfaces (with --detect-local-mode InterfaceNamePrefix).
+    #[arg(long, value_name = "PREFIX")]
+    pub pod_interface_name_prefix: Option<String>,
+
+    /// This node's name, instead of the host name; decides which endpoints are local.
+    #[arg(long, value_name = "NAME")]
+    pub hostname_override: Option<String>,
+
+    /// Masquerade all traffic sent to Service cluster IPs.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub masquerade_all: bool,
+
+    /// The bit of the packet mark (fwmark) that marks packets to masquerade, 0..=31.
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
+    pub iptables_masquerade_bit: u8,
+
+    /// Addresses that accept NodePort connections: CIDRs, `primary`, or `all` (default).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub nodeport_addresses: Vec<String>,
+
+    /// Accept NodePort connections on 127.0.0.1 (sets route_localnet; IPv4 only).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
+    pub iptables_localhost_nodeports: bool,
+
+    /// Minimum time between two syncs (Go duration: 1s, 500ms, 1m30s).
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub iptables_min_sync_period: Duration,
+
+    /// Retry interval after a failed sync (Go duration).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub iptables_sync_period: Duration,
+
+    /// Do not drop packets in conntrack state INVALID (set when
+    /// nf_conntrack_tcp_be_liberal is enabled on the node).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub conntrack_tcp_be_liberal: bool,
+
+    /// Which iptables binaries to run.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub iptables_backend: IptablesBackendArg,
+
+    /// Remove every rule and chain the proxy created, then exit.
+    #[arg(long)]
+    pub cleanup: bool,
+
+    /// Print the iptables-restore input a fresh node would receive, change nothing, exit.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Sync once and exit: 0 when the sync succeeded.
+    #[arg(long)]
+    pub once: bool,
+
+    /// Log verbosity like klog's -v: 0-1 info, 2-3 debug, 4+ trace (RUST_LOG overrides).
+    #[arg(short = 'v', long = "v", default_value_t = 0, value_name = "N")]
+    pub verbosity: u8,
+}
+
+/// Flags of `sandbox`.
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
+    /// The cluster to build: a manifest file or directory (default: the bundled seed example).
+    #[arg(long, value_name = "PATH")]
+    pub manifests: Option<PathBuf>,
+
+    /// Which proxy mode to run.
+    #[arg(long, value_enum, default_value = "iptables")]
+    pub proxy_mode: ProxyModeArg,
+
+    /// The node the proxy runs as (default: the first Node in the manifests).
+    #[arg(long, value_name = "NAME")]
+    pub node: Option<String>,
+
+    /// The cluster's pod CIDR, passed to the proxy as --cluster-cidr.
+    #[arg(long, default_value = "10.0.0.0/16")]
+    pub cluster_cidr: String,
+
+    /// Requests to send to each Service address from each vantage point.
+    #[arg(short = 'n', long, default_value_t = 200)]
+    pub requests: usize,
+
+    /// Print the rules the proxy programmed (iptables-save in the node namespace).
+    #[arg(long)]
+    pub show_rules: bool,
+
+    /// Keep the sandbox until Ctrl-C instead of tearing it down after the report, so it can
+    /// be explored (`ip netns exec <node> iptables-save`).
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Parses a Go duration (`1s`, `500ms`, `1m30s`, `1.5h`, `0`).
+///
+/// # Errors
+/// A message naming the text when it is not a duration.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid duration {text:?} (expected e.g. 1s, 500ms, 1m30s)");
+    let s = text.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if s.is_empty() {
+        return Err(bad());
+    }
+    let mut total = 0f64;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let num_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .ok_or_else(bad)?;
+        if num_len == 0 {
+            return Err(bad());
+        }
+        let value: f64 = rest[..num_len].parse().map_err(|_| bad())?;
+        rest = &rest[num_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let scale = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return Err(bad()),
+        };
+        total += value * scale;
+        rest = &rest[unit_len..];
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("1s"), Ok(Duration::from_secs(1)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1.5h"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("0"), Ok(Duration::ZERO));
+        assert!(parse_duration("1").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("1x").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn upstream_flag_forms() {
+        let cli = Cli::try_parse_from([
+            "kube-proxy-rs",
+            "--proxy-mode=iptables",
+            "--cluster-cidr=10.0.0.0/16",
+            "--masquerade-all",
+            "--iptables-localhost-nodeports=false",
+            "--nodeport-addresses=192.168.0.0/16,primary",
+            "--hostname-override=k8s-master",
+            "--iptables-min-sync-period=2s",
+            "-v=4",
+        ])
+        .unwrap();
+        let p = cli.proxy;
+        assert!(p.masquerade_all);
+        assert!(!p.iptables_localhost_nodeports);
+        assert_eq!(p.nodeport_addresses, ["192.168.0.0/16", "primary"]);
+        assert_eq!(p.iptables_min_sync_period, Duration::from_secs(2));
+        assert_eq!(p.verbosity, 4);
+        assert_eq!(p.iptables_masquerade_bit, 14);
+        assert!(Cli::try_parse_from(["kube-proxy-rs", "--iptables-masquerade-bit=32"]).is_err());
+        assert!(Cli::try_parse_from(["kube-proxy-rs", "--proxy-mode=userspace"]).is_err());
+        let cli = Cli::try_parse_from(["kube-proxy-rs", "sandbox", "-n", "10"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Some(Command::Sandbox(SandboxArgs { requests: 10, .. }))
+        ));
+    }
+}

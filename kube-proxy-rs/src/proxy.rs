@@ -1,0 +1,278 @@
+//! Running the proxy: flags → configuration → source, tracker, sync loop, proxier.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use anyhow::{Context, anyhow, bail};
+use ipnet::IpNet;
+use kp_model::IpFamily;
+use kp_netfilter::{Backend, ExecIptables, FakeIptables, IpVersion, Iptables};
+use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
+use kp_proxier::{Host, LocalDetector, NodePortAddresses, RealHost};
+use kp_runtime::{RunMode, RunnerConfig, SyncLoop};
+use kp_track::Tracker;
+use tokio::sync::mpsc;
+use tracing::{error, info, warn};
+
+use crate::cli::{DetectLocalModeArg, IptablesBackendArg, ProxyArgs, ProxyModeArg};
+
+/// The node name: `--hostname-override`, else the host name, lower-cased and trimmed (as
+/// upstream's `GetHostname`).
+pub fn node_name(override_name: Option<&str>) -> anyhow::Result<String> {
+    let name = match override_name {
+        Some(n) if !n.trim().is_empty() => n.trim().to_lowercase(),
+        _ => nix::unistd::gethostname()
+            .context("reading the host name")?
+            .to_string_lossy()
+            .trim()
+            .to_lowercase(),
+    };
+    if name.is_empty() {
+        bail!("empty node name: pass --hostname-override");
+    }
+    Ok(name)
+}
+
+/// Checks an interface name or prefix that will be written into rules.
+fn interface_name(flag: &str, value: Option<&str>, max: usize) -> anyhow::Result<String> {
+    let v = value.ok_or_else(|| anyhow!("{flag} is required with this --detect-local-mode"))?;
+    let ok = !v.is_empty()
+        && v.len() <= max
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@' | b':'));
+    if !ok {
+        bail!(
+            "{flag} {v:?} is not a valid interface name (1-{max} characters of [A-Za-z0-9-_.@:])"
+        );
+    }
+    Ok(v.to_string())
+}
+
+/// Builds the iptables-mode configuration from the flags.
+///
+/// # Errors
+/// A message naming the flag whose value is invalid.
+pub fn iptables_config(args: &ProxyArgs) -> anyhow::Result<IptablesConfig> {
+    let mut cidrs = Vec::new();
+    for c in args.cluster_cidr.iter().filter(|c| !c.trim().is_empty()) {
+        let net: IpNet = c
+            .trim()
+            .parse()
+            .map_err(|_| anyhow!("--cluster-cidr: {c:?} is not a CIDR"))?;
+        cidrs.push(net.trunc());
+    }
+    let mode = args
+        .detect_local_mode
+        .unwrap_or(DetectLocalModeArg::ClusterCidr);
+    let local_detector = match mode {
+        DetectLocalModeArg::ClusterCidr if cidrs.is_empty() => {
+            if args.detect_local_mode.is_some() {
+                warn!(
+                    "--detect-local-mode ClusterCIDR without --cluster-cidr: off-cluster traffic to ClusterIPs is not masqueraded"
+                );
+            }
+            LocalDetector::None
+        }
+        DetectLocalModeArg::ClusterCidr => LocalDetector::Cidrs(cidrs),
+        DetectLocalModeArg::NodeCidr => LocalDetector::NodeCidr,
+        DetectLocalModeArg::BridgeInterface => LocalDetector::BridgeInterface(interface_name(
+            "--pod-bridge-interface",
+            args.pod_bridge_interface.as_deref(),
+            15,
+        )?),
+        DetectLocalModeArg::InterfaceNamePrefix => {
+            LocalDetector::InterfaceNamePrefix(interface_name(
+                "--pod-interface-name-prefix",
+                args.pod_interface_name_prefix.as_deref(),
+                14,
+            )?)
+        }
+    };
+    let nodeport_addresses = NodePortAddresses::parse(&args.nodeport_addresses)?;
+    Ok(IptablesConfig {
+        masquerade_all: args.masquerade_all,
+        masquerade_bit: args.iptables_masquerade_bit,
+        local_detector,
+        nodeport_addresses,
+        localhost_nodeports: args.iptables_localhost_nodeports,
+        conntrack_tcp_be_liberal: args.conntrack_tcp_be_liberal,
+    })
+}
+
+fn backend(arg: IptablesBackendArg) -> Backend {
+    match arg {
+        IptablesBackendArg::Auto => Backend::Default,
+        IptablesBackendArg::Nft => Backend::Nft,
+        IptablesBackendArg::Legacy => Backend::Legacy,
+    }
+}
+
+/// A host for `--dry-run`: reads local addresses, never writes a sysctl.
+struct ReadOnlyHost;
+
+impl Host for ReadOnlyHost {
+    fn local_addresses(&self) -> std::io::Result<Vec<IpAddr>> {
+        RealHost.local_addresses()
+    }
+    fn set_sysctl(&self, key: &str, value: &str) -> std::io::Result<()> {
+        info!("dry run: would set {key}={value}");
+        Ok(())
+    }
+    fn get_sysctl(&self, key: &str) -> Option<String> {
+        RealHost.get_sysctl(key)
+    }
+}
+
+/// `--cleanup`: removes our rules from both families.
+fn cleanup(backend: Backend) -> anyhow::Result<()> {
+    let mut failed = false;
+    for version in [IpVersion::V4, IpVersion::V6] {
+        let ipt = ExecIptables::new(version, backend);
+        match kp_proxier::iptables::cleanup(&ipt) {
+            Ok(plan) => {
+                for chain in &plan.removed {
+                    info!(family = ?version, "removed chain {chain}");
+                }
+                for (chain, why) in &plan.kept {
+                    warn!(family = ?version, "kept chain {chain}: {why}");
+                }
+                if plan.payload.is_none() {
+                    info!(family = ?version, "no iptables rules of kube-proxy-rs found");
+                }
+            }
+            Err(e) => {
+                error!(family = ?version, "cleanup failed: {e}");
+                failed = true;
+            }
+        }
+    }
+    if failed {
+        bail!("cleanup did not complete");
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// Runs the proxy as the flags say.
+///
+/// # Errors
+/// Invalid flags, a missing source, a failed `--once`/`--cleanup`, or a source failure.
+pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    if args.proxy_mode != ProxyModeArg::Iptables {
+        bail!(
+            "--proxy-mode {:?} is not implemented yet in kube-proxy-rs; use --proxy-mode iptables",
+            args.proxy_mode
+        );
+    }
+    let cfg = iptables_config(&args)?;
+    let backend = backend(args.iptables_backend);
+    if args.cleanup {
+        return cleanup(backend);
+    }
+    let Some(path) = args.manifests.clone() else {
+        bail!(
+            "no source of Services: pass --manifests PATH (a YAML file or directory); the API-server source is not built yet"
+        );
+    };
+    if !path.exists() {
+        bail!("--manifests {}: no such file or directory", path.display());
+    }
+    let node = node_name(args.hostname_override.as_deref())?;
+    let runner = RunnerConfig {
+        min_interval: args.iptables_min_sync_period,
+        retry_interval: args.iptables_sync_period,
+        ..RunnerConfig::default()
+    };
+    info!(node = %node, mode = "iptables", manifests = %path.display(), "starting kube-proxy-rs");
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let (tx, rx) = mpsc::channel(64);
+        let mut source = tokio::spawn(kp_source::watch::watch_manifests(path, tx, |e| {
+            error!("{e}")
+        }));
+        let tracker = Tracker::new(IpFamily::V4, node);
+        let sync_loop = async {
+            if args.dry_run {
+                let proxier = IptablesProxier::new(
+                    IpFamily::V4,
+                    cfg,
+                    PrintingIptables(FakeIptables::new(IpVersion::V4)),
+                    Arc::new(ReadOnlyHost),
+                )?;
+                SyncLoop::new(tracker, proxier, runner)
+                    .run(rx, RunMode::Once, shutdown_signal())
+                    .await?;
+            } else {
+                let ipt = ExecIptables::new(IpVersion::V4, backend);
+                let proxier = IptablesProxier::new(IpFamily::V4, cfg, ipt, Arc::new(RealHost))?;
+                let mode = if args.once {
+                    RunMode::Once
+                } else {
+                    RunMode::Daemon
+                };
+                SyncLoop::new(tracker, proxier, runner)
+                    .run(rx, mode, shutdown_signal())
+                    .await?;
+            }
+            anyhow::Ok(())
+        };
+        tokio::pin!(sync_loop);
+        let result = tokio::select! {
+            r = &mut sync_loop => r,
+            s = &mut source => match s {
+                Ok(Err(e)) => Err(anyhow!(e).context("manifest source failed")),
+                _ => sync_loop.await,
+            },
+        };
+        source.abort();
+        result
+    })
+}
+
+/// The runner of `--dry-run`: applies each payload to a checking fake (so an invalid payload
+/// still fails) and prints it on standard output instead of touching the kernel.
+struct PrintingIptables(FakeIptables);
+
+impl Iptables for PrintingIptables {
+    fn ip_version(&self) -> IpVersion {
+        self.0.ip_version()
+    }
+    fn restore(&self, payload: &[u8]) -> Result<(), kp_netfilter::Error> {
+        self.0.restore(payload)?;
+        print!("{}", String::from_utf8_lossy(payload));
+        Ok(())
+    }
+    fn save(&self, table: Option<kp_netfilter::Table>) -> Result<String, kp_netfilter::Error> {
+        self.0.save(table)
+    }
+    fn version(&self) -> Result<kp_netfilter::IptablesVersion, kp_netfilter::Error> {
+        self.0.version()
+    }
+}
