@@ -22,7 +22,8 @@
 //! Routes:
 //!
 //! * **node**: forwarding on (`net.ipv4.ip_forward=1`, `net.ipv6.conf.all.forwarding=1`,
-//!   set inside the node namespace); per pod IP a host route `POD/32 dev vbe<i> src NODE_IP`
+//!   set inside the node namespace) and ICMP redirects off (`send_redirects=0`: a redirect
+//!   would use up the ICMP rate-limit token a REJECT's port-unreachable needs); per pod IP a host route `POD/32 dev vbe<i> src NODE_IP`
 //!   (point-to-point, like a CNI); the service CIDR `dev eth0 src NODE_IP`, standing in
 //!   for a real node's default route so that traffic to a ClusterIP is routed (and reaches
 //!   the FORWARD/OUTPUT filter hooks, where a proxy's REJECT rules live) and node-local
@@ -331,6 +332,14 @@ impl TopologyBuilder {
             add_address(&node, NODE_IF, plan.node)?;
         }
         node.sysctl("net.ipv4.ip_forward", "1")?;
+        // Service traffic from clients on the node network leaves by the interface it came
+        // in on (the service CIDR is routed out eth0, like a node's default route), so the
+        // kernel would send an ICMP redirect first; that redirect uses up the per-host ICMP
+        // rate-limit token and the proxy's REJECT (port unreachable) would then be dropped,
+        // turning "connection refused" into a timeout. Routers disable redirects; so do we.
+        for conf in ["all", "default", NODE_IF] {
+            node.sysctl(&format!("net.ipv4.conf.{conf}.send_redirects"), "0")?;
+        }
         if std::path::Path::new("/proc/sys/net/ipv6").exists() {
             node.sysctl("net.ipv6.conf.all.forwarding", "1")?;
         }
