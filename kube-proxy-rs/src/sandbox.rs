@@ -20,6 +20,7 @@ use anyhow::{Context, anyhow, bail};
 use ipnet::IpNet;
 use kp_model::{IpFamily, Protocol, ServicePortInfo, Snapshot};
 use kp_source::manifests::{ManifestSet, load_path};
+use kp_testkit::golden::SEED_CLUSTER;
 use kp_testkit::netns::topology::FamilyPlan;
 use kp_testkit::{
     ChildGuard, ClientError, HttpBackend, Netns, Topology, UdpEchoBackend, http_get_many,
@@ -28,9 +29,6 @@ use kp_testkit::{
 use kp_track::Tracker;
 
 use crate::cli::{ProxyModeArg, SandboxArgs};
-
-/// The bundled example cluster (seed 003: nginx-svc with two Pods).
-const SEED_CLUSTER: &str = include_str!("../../examples/seed-nginx/cluster.yaml");
 
 /// Time allowed for one request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);

@@ -8,6 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use kp_testkit::golden::{
+    SEED_CLUSTER, SEED_EXPECTED_IPTABLES, assert_contains_in_chain_order, rule_lines,
+};
 use kp_testkit::netns::topology::FamilyPlan;
 use kp_testkit::{
     ChildGuard, ClientError, HttpBackend, Netns, Topology, http_get, http_get_many, require_root,
@@ -15,8 +18,6 @@ use kp_testkit::{
 };
 
 const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
-const SEED_CLUSTER: &str = include_str!("../../examples/seed-nginx/cluster.yaml");
-const SEED_EXPECTED: &str = include_str!("../../examples/seed-nginx/expected-iptables-save.txt");
 const SEED_ARGS: [&str; 3] = [
     "--hostname-override=k8s-master",
     "--cluster-cidr=10.0.0.0/16",
@@ -56,44 +57,6 @@ fn save(ns: &Netns, program: &str) -> String {
         .filter(|l| !l.starts_with('#'))
         .map(|l| format!("{l}\n"))
         .collect()
-}
-
-/// The seed's expected lines: (table, line).
-fn expected_seed_lines() -> Vec<(String, String)> {
-    let mut table = String::new();
-    let mut out = Vec::new();
-    for line in SEED_EXPECTED.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            table = t.to_string();
-        } else if line.starts_with("-A ") {
-            out.push((table.clone(), line.to_string()));
-        }
-    }
-    out
-}
-
-/// Every expected line is in `saved`, and lines of one chain keep their order.
-fn assert_contains_in_chain_order(saved: &str, expected: &[(String, String)]) {
-    let mut table = String::new();
-    let mut lines = Vec::new();
-    for l in saved.lines() {
-        if let Some(t) = l.strip_prefix('*') {
-            table = t.to_string();
-        } else if l.starts_with("-A ") {
-            lines.push((table.clone(), l.to_string()));
-        }
-    }
-    let mut last: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for (t, line) in expected {
-        let pos = lines
-            .iter()
-            .position(|(lt, l)| lt == t && l == line)
-            .unwrap_or_else(|| panic!("missing in *{t}: {line}\n--- iptables-save ---\n{saved}"));
-        let chain = line.split_whitespace().nth(1).unwrap().to_string();
-        if let Some(prev) = last.insert((t.clone(), chain.clone()), pos) {
-            assert!(pos > prev, "out of order in *{t} {chain}: {line}\n{saved}");
-        }
-    }
 }
 
 /// The proxy running as a daemon in a namespace, with its log in a file.
@@ -165,7 +128,7 @@ fn seed_golden_in_a_fresh_namespace_with_both_backends() {
         let (ok, _, err) = run_in(&ns, &args);
         assert!(ok, "--once failed with {backend}:\n{err}");
         let saved = save(&ns, save_cmd);
-        assert_contains_in_chain_order(&saved, &expected_seed_lines());
+        assert_contains_in_chain_order(&saved, &rule_lines(SEED_EXPECTED_IPTABLES));
         // route_localnet was set inside the namespace (localhost NodePorts), not outside.
         assert_eq!(
             ns.read_sysctl("net.ipv4.conf.all.route_localnet")

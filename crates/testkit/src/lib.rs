@@ -9,6 +9,8 @@
 //! * [`client`]: [`http_get`], [`http_get_many`], [`udp_request`] and [`UdpClient`], with
 //!   outcomes classified by [`ClientError`] (refused / timeout / unreachable).
 //! * [`process`]: [`ChildGuard`] (a child process stopped on drop) and [`wait_for`].
+//! * [`builders`]: Services, EndpointSlices and snapshots for unit tests; [`golden`]: the
+//!   bundled seed example and the in-order line check used by the golden tests.
 //!
 //! Everything created lives in namespaces this crate creates; the root network namespace
 //! is never changed. All of it needs root: tests call [`require_root`] first.
@@ -31,8 +33,10 @@
 //! ```
 
 pub mod backend;
+pub mod builders;
 pub mod client;
 pub mod error;
+pub mod golden;
 pub mod netns;
 pub mod process;
 

@@ -1,52 +1,31 @@
 //! Sync tests against the checking fake: full and partial syncs, failures, stale chains,
 //! cleanup.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use kp_model::{
-    Changes, EndpointEntry, EndpointPort, EndpointSlice, IpFamily, NamespacedName, ObjectKind,
-    Protocol, Service, ServicePortSpec, SliceAddressType, Snapshot, SourceEvent,
+    Changes, EndpointSlice, IpFamily, NamespacedName, ObjectKind, Service, Snapshot, SourceEvent,
 };
 use kp_netfilter::{FakeIptables, IpVersion, Iptables, Table};
+use kp_testkit::builders::{ServiceBuilder, SliceBuilder, ip};
+use kp_testkit::golden::{SEED_EXPECTED_IPTABLES, assert_contains_in_chain_order, rule_lines};
 use kp_track::Tracker;
 
 use super::*;
 use crate::FakeHost;
 
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
-
 fn service(name: &str, cip: &str, port: u16) -> Service {
-    Service::cluster_ip(
-        NamespacedName::new("default", name),
-        ip(cip),
-        vec![ServicePortSpec {
-            name: String::new(),
-            protocol: Protocol::Tcp,
-            port,
-            node_port: None,
-        }],
-    )
+    ServiceBuilder::new(name, cip).tcp("", port).build()
 }
 
 fn slice(svc: &str, port: u16, eps: &[(&str, &str)]) -> EndpointSlice {
-    EndpointSlice {
-        name: NamespacedName::new("default", format!("{svc}-x")),
-        service: NamespacedName::new("default", svc),
-        address_type: SliceAddressType::V4,
-        ports: vec![EndpointPort {
-            name: String::new(),
-            protocol: Protocol::Tcp,
-            port,
-        }],
-        endpoints: eps
-            .iter()
-            .map(|(a, n)| EndpointEntry::ready(ip(a), Some(n)))
-            .collect(),
-        last_change_trigger_time: None,
+    let mut b = SliceBuilder::new(svc)
+        .named(&format!("{svc}-x"))
+        .port("", port);
+    for (a, n) in eps {
+        b = b.ready(a, n);
     }
+    b.build()
 }
 
 fn tracker() -> Tracker {
@@ -97,49 +76,6 @@ fn sync(p: &mut IptablesProxier<FakeIptables>, t: &mut Tracker) -> SyncReport {
     p.sync(&snap, &changes).unwrap()
 }
 
-/// The lines of `../shared/examples/seed-nginx/expected-iptables-save.txt` (bundled in
-/// `examples/`), printed by upstream kube-proxy; every one must be present, in order within
-/// each chain.
-fn expected_seed_lines() -> Vec<(String, String)> {
-    let text = include_str!("../../../../examples/seed-nginx/expected-iptables-save.txt");
-    let mut table = String::new();
-    let mut out = Vec::new();
-    for line in text.lines() {
-        if let Some(t) = line.strip_prefix('*') {
-            table = t.to_string();
-        } else if line.starts_with("-A ") {
-            out.push((table.clone(), line.to_string()));
-        }
-    }
-    out
-}
-
-/// Checks that every expected line is in `saved`, and that lines of one chain keep their
-/// relative order.
-pub(crate) fn assert_contains_in_chain_order(saved: &str, expected: &[(String, String)]) {
-    let mut table = String::new();
-    let mut lines: Vec<(String, String)> = Vec::new();
-    for l in saved.lines() {
-        if let Some(t) = l.strip_prefix('*') {
-            table = t.to_string();
-        } else if l.starts_with("-A ") {
-            lines.push((table.clone(), l.to_string()));
-        }
-    }
-    let mut last_pos: std::collections::HashMap<(String, String), usize> = Default::default();
-    for (t, line) in expected {
-        let pos = lines
-            .iter()
-            .position(|(lt, l)| lt == t && l == line)
-            .unwrap_or_else(|| panic!("missing in table {t}: {line}\n--- saved ---\n{saved}"));
-        let chain = line.split_whitespace().nth(1).unwrap().to_string();
-        if let Some(prev) = last_pos.get(&(t.clone(), chain.clone())) {
-            assert!(pos > *prev, "out of order in {t}/{chain}: {line}");
-        }
-        last_pos.insert((t.clone(), chain), pos);
-    }
-}
-
 #[test]
 fn first_sync_produces_upstreams_seed_rules() {
     let mut t = tracker();
@@ -151,7 +87,7 @@ fn first_sync_produces_upstreams_seed_rules() {
     assert!(report.full);
     assert_eq!(report.service_ports, 1);
     assert_eq!(report.endpoints, 2);
-    assert_contains_in_chain_order(&save(&p), &expected_seed_lines());
+    assert_contains_in_chain_order(&save(&p), &rule_lines(SEED_EXPECTED_IPTABLES));
 }
 
 #[test]

@@ -1,77 +1,38 @@
 //! Render tests: golden rulesets (insta) and targeted assertions.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
 
-use kp_model::{
-    EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, IpFamily, NamespacedName,
-    ObjectKind, Protocol, Service, ServicePortSpec, ServiceType, SliceAddressType, Snapshot,
-    SourceEvent,
-};
-use kp_track::Tracker;
+use kp_model::{IpFamily, NamespacedName, Service, Snapshot};
+use kp_testkit::builders::{ServiceBuilder, SliceBuilder, ip, snapshot as build};
 
 use super::*;
 use crate::local::LocalMatch;
 
-fn ip(s: &str) -> IpAddr {
-    s.parse().unwrap()
-}
-
 fn service(name: &str, cip: &str, port: u16, node_port: Option<u16>) -> Service {
-    let mut s = Service::cluster_ip(
-        NamespacedName::new("default", name),
-        ip(cip),
-        vec![ServicePortSpec {
-            name: String::new(),
-            protocol: Protocol::Tcp,
-            port,
-            node_port,
-        }],
-    );
-    if node_port.is_some() {
-        s.service_type = ServiceType::NodePort;
-    }
-    s
-}
-
-fn slice(svc: &str, port: u16, eps: &[(&str, &str)]) -> EndpointSlice {
-    EndpointSlice {
-        name: NamespacedName::new("default", format!("{svc}-abcde")),
-        service: NamespacedName::new("default", svc),
-        address_type: if eps.first().is_some_and(|(a, _)| a.contains(':')) {
-            SliceAddressType::V6
-        } else {
-            SliceAddressType::V4
-        },
-        ports: vec![EndpointPort {
-            name: String::new(),
-            protocol: Protocol::Tcp,
-            port,
-        }],
-        endpoints: eps
-            .iter()
-            .map(|(a, n)| EndpointEntry::ready(ip(a), Some(n)))
-            .collect(),
-        last_change_trigger_time: None,
+    let b = ServiceBuilder::new(name, cip).tcp("", port);
+    match node_port {
+        Some(np) => b.node_port(np).build(),
+        None => b.build(),
     }
 }
 
-fn snapshot(family: IpFamily, services: Vec<Service>, slices: Vec<EndpointSlice>) -> Snapshot {
-    let mut t = Tracker::new(family, "k8s-master");
-    for k in [
-        ObjectKind::Service,
-        ObjectKind::EndpointSlice,
-        ObjectKind::Node,
-    ] {
-        t.apply(SourceEvent::Synced(k));
+fn slice(svc: &str, port: u16, eps: &[(&str, &str)]) -> kp_model::EndpointSlice {
+    let mut b = SliceBuilder::new(svc).port("", port);
+    if eps.first().is_some_and(|(a, _)| a.contains(':')) {
+        b = b.ipv6();
     }
-    for s in services {
-        t.apply(SourceEvent::ServiceUpsert(s));
+    for (a, n) in eps {
+        b = b.ready(a, n);
     }
-    for s in slices {
-        t.apply(SourceEvent::SliceUpsert(s));
-    }
-    (*t.checkout().0).clone()
+    b.build()
+}
+
+fn snapshot(
+    family: IpFamily,
+    services: Vec<Service>,
+    slices: Vec<kp_model::EndpointSlice>,
+) -> Snapshot {
+    build(family, "k8s-master", services, slices)
 }
 
 fn seed() -> Snapshot {
@@ -307,20 +268,15 @@ fn large_cluster_mode_drops_endpoint_comments() {
 
 #[test]
 fn terminating_fallback_and_affinity() {
-    let mut svc = service("sticky", "10.96.0.30", 80, None);
-    svc.session_affinity = kp_model::SessionAffinity::ClientIp {
-        timeout_seconds: 10800,
-    };
-    let mut sl = slice(
-        "sticky",
-        8080,
-        &[("10.0.0.1", "k8s-master"), ("10.0.0.2", "k8s-worker")],
-    );
-    sl.endpoints[1].conditions = EndpointConditions {
-        ready: false,
-        serving: true,
-        terminating: true,
-    };
+    let svc = ServiceBuilder::new("sticky", "10.96.0.30")
+        .tcp("", 80)
+        .affinity(10800)
+        .build();
+    let sl = SliceBuilder::new("sticky")
+        .port("", 8080)
+        .ready("10.0.0.1", "k8s-master")
+        .endpoint("10.0.0.2", "k8s-worker", false, true, true)
+        .build();
     let t = text(&render(
         &snapshot(IpFamily::V4, vec![svc], vec![sl]),
         &cluster_cidr(),
