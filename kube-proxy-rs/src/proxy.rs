@@ -207,72 +207,160 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     };
     info!(node = %node, mode = "iptables", manifests = %path.display(), "starting kube-proxy-rs");
 
+    let families = families(args.dry_run);
+    info!(families = ?families, "programming these IP families");
+
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, mut rx) = mpsc::channel::<Vec<kp_model::SourceEvent>>(64);
         let mut source = tokio::spawn(kp_source::watch::watch_manifests(path, tx, |e| {
             error!("{e}")
         }));
-        let tracker = Tracker::new(IpFamily::V4, node);
-        let sync_loop = async {
+        // One sync loop per family (upstream's dual-stack "meta proxier"); every batch of
+        // events goes to each of them.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut loops = tokio::task::JoinSet::new();
+        let mut senders = Vec::new();
+        let mut outputs: Vec<(IpFamily, Arc<std::sync::Mutex<String>>)> = Vec::new();
+        let mode = if args.once || args.dry_run {
+            RunMode::Once
+        } else {
+            RunMode::Daemon
+        };
+        for family in families {
+            let (ftx, frx) = mpsc::channel(64);
+            senders.push(ftx);
+            let tracker = Tracker::new(family, node.clone());
+            let version = match family {
+                IpFamily::V4 => IpVersion::V4,
+                IpFamily::V6 => IpVersion::V6,
+            };
+            let mut stop = stop_rx.clone();
+            let shutdown = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
             if args.dry_run {
-                let proxier = IptablesProxier::new(
-                    IpFamily::V4,
-                    cfg,
-                    PrintingIptables(FakeIptables::new(IpVersion::V4)),
-                    Arc::new(ReadOnlyHost),
-                )?;
-                SyncLoop::new(tracker, proxier, runner)
-                    .run(rx, RunMode::Once, shutdown_signal())
-                    .await?;
-            } else {
-                let ipt = ExecIptables::new(IpVersion::V4, backend);
-                let proxier = IptablesProxier::new(IpFamily::V4, cfg, ipt, Arc::new(RealHost))?;
-                let mode = if args.once {
-                    RunMode::Once
-                } else {
-                    RunMode::Daemon
+                let sink = Arc::new(std::sync::Mutex::new(String::new()));
+                outputs.push((family, sink.clone()));
+                let ipt = PrintingIptables {
+                    fake: FakeIptables::new(version),
+                    sink,
                 };
-                SyncLoop::new(tracker, proxier, runner)
-                    .run(rx, mode, shutdown_signal())
-                    .await?;
+                let proxier =
+                    IptablesProxier::new(family, cfg.clone(), ipt, Arc::new(ReadOnlyHost))?;
+                let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                loops.spawn(async move {
+                    (family, sync_loop.run(frx, mode, shutdown).await.map(|_| ()))
+                });
+            } else {
+                let ipt = ExecIptables::new(version, backend);
+                let proxier = IptablesProxier::new(family, cfg.clone(), ipt, Arc::new(RealHost))?;
+                let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                loops.spawn(async move {
+                    (family, sync_loop.run(frx, mode, shutdown).await.map(|_| ()))
+                });
             }
-            anyhow::Ok(())
-        };
-        tokio::pin!(sync_loop);
-        let result = tokio::select! {
-            r = &mut sync_loop => r,
-            s = &mut source => match s {
-                Ok(Err(e)) => Err(anyhow!(e).context("manifest source failed")),
-                _ => sync_loop.await,
-            },
-        };
+        }
+        let fan_out = tokio::spawn(async move {
+            while let Some(batch) = rx.recv().await {
+                for s in &senders {
+                    let _ = s.send(batch.clone()).await;
+                }
+            }
+        });
+        let signal = shutdown_signal();
+        tokio::pin!(signal);
+        let mut result: anyhow::Result<()> = Ok(());
+        let mut source_done = false;
+        loop {
+            tokio::select! {
+                () = &mut signal => {
+                    let _ = stop_tx.send(true);
+                }
+                s = &mut source, if !source_done => {
+                    source_done = true;
+                    if let Ok(Err(e)) = s {
+                        result = Err(anyhow!(e).context("manifest source failed"));
+                        let _ = stop_tx.send(true);
+                    }
+                }
+                joined = loops.join_next() => match joined {
+                    None => break,
+                    Some(Ok((family, Err(e)))) => {
+                        if result.is_ok() {
+                            result = Err(anyhow!(e).context(format!("{family} proxier")));
+                        }
+                        let _ = stop_tx.send(true);
+                    }
+                    Some(Ok((_, Ok(())))) => {}
+                    Some(Err(e)) => {
+                        result = Err(anyhow!("a sync loop failed: {e}"));
+                        let _ = stop_tx.send(true);
+                    }
+                },
+            }
+        }
         source.abort();
+        fan_out.abort();
+        for (family, sink) in outputs {
+            let text = sink.lock().map(|s| s.clone()).unwrap_or_default();
+            let tool = match family {
+                IpFamily::V4 => "iptables-restore",
+                IpFamily::V6 => "ip6tables-restore",
+            };
+            println!("# {family}: {tool} input");
+            print!("{text}");
+        }
         result
     })
 }
 
+/// The families to program: IPv4, and IPv6 when the kernel has it (`/proc/sys/net/ipv6`)
+/// and `ip6tables` runs (always in a dry run).
+fn families(dry_run: bool) -> Vec<IpFamily> {
+    let mut out = vec![IpFamily::V4];
+    let kernel_v6 = std::path::Path::new("/proc/sys/net/ipv6").exists();
+    if kernel_v6
+        && (dry_run
+            || ExecIptables::new(IpVersion::V6, Backend::Default)
+                .version()
+                .is_ok())
+    {
+        out.push(IpFamily::V6);
+    } else {
+        warn!(
+            "IPv6 is not available (no /proc/sys/net/ipv6 or no working ip6tables): programming IPv4 only"
+        );
+    }
+    out
+}
+
 /// The runner of `--dry-run`: applies each payload to a checking fake (so an invalid payload
-/// still fails) and prints it on standard output instead of touching the kernel.
-struct PrintingIptables(FakeIptables);
+/// still fails) and keeps it for printing instead of touching the kernel.
+struct PrintingIptables {
+    fake: FakeIptables,
+    sink: Arc<std::sync::Mutex<String>>,
+}
 
 impl Iptables for PrintingIptables {
     fn ip_version(&self) -> IpVersion {
-        self.0.ip_version()
+        self.fake.ip_version()
     }
     fn restore(&self, payload: &[u8]) -> Result<(), kp_netfilter::Error> {
-        self.0.restore(payload)?;
-        print!("{}", String::from_utf8_lossy(payload));
+        self.fake.restore(payload)?;
+        if let Ok(mut s) = self.sink.lock() {
+            s.push_str(&String::from_utf8_lossy(payload));
+        }
         Ok(())
     }
     fn save(&self, table: Option<kp_netfilter::Table>) -> Result<String, kp_netfilter::Error> {
-        self.0.save(table)
+        self.fake.save(table)
     }
     fn version(&self) -> Result<kp_netfilter::IptablesVersion, kp_netfilter::Error> {
-        self.0.version()
+        self.fake.version()
     }
 }

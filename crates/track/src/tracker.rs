@@ -289,6 +289,7 @@ pub(crate) fn service_port_infos(svc: &Service, family: IpFamily) -> Vec<Service
     } else {
         None
     };
+    warn_wrong_family(svc);
     let external_ips: Vec<_> = svc
         .external_ips
         .iter()
@@ -328,6 +329,32 @@ pub(crate) fn service_port_infos(svc: &Service, family: IpFamily) -> Vec<Service
             traffic_distribution: svc.traffic_distribution.clone(),
         })
         .collect()
+}
+
+/// Logs the addresses of `svc` that no proxier will program: external IPs, load-balancer IPs
+/// and source ranges of a family the Service has no cluster IP in (a single-stack Service with
+/// an address of the other family). They are skipped, never fatal to the sync.
+fn warn_wrong_family(svc: &Service) {
+    let served = |ip: &std::net::IpAddr| {
+        svc.cluster_ips
+            .iter()
+            .any(|c| IpFamily::of(c) == IpFamily::of(ip))
+    };
+    for (i, ip) in svc.external_ips.iter().enumerate() {
+        if !served(ip) {
+            tracing::warn!(service = %svc.name, "spec.externalIPs[{i}] {ip} is not of the Service's IP family; ignored");
+        }
+    }
+    for (i, ing) in svc.load_balancer_ingress.iter().enumerate() {
+        if !served(&ing.ip) {
+            tracing::warn!(service = %svc.name, "status.loadBalancer.ingress[{i}].ip {} is not of the Service's IP family; ignored", ing.ip);
+        }
+    }
+    for (i, net) in svc.load_balancer_source_ranges.iter().enumerate() {
+        if !served(&net.addr()) {
+            tracing::warn!(service = %svc.name, "spec.loadBalancerSourceRanges[{i}] {net} is not of the Service's IP family; ignored");
+        }
+    }
 }
 
 /// Merges a Service's slices into endpoints per ServicePortName: slices of another family
