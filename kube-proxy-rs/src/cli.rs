@@ -41,6 +41,17 @@ pub enum ProxyModeArg {
     Ipvs,
 }
 
+impl ProxyModeArg {
+    /// The flag's spelling (`iptables`, `nftables`, `ipvs`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ProxyModeArg::Iptables => "iptables",
+            ProxyModeArg::Nftables => "nftables",
+            ProxyModeArg::Ipvs => "ipvs",
+        }
+    }
+}
+
 /// `--detect-local-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum DetectLocalModeArg {
@@ -171,9 +182,9 @@ pub struct SandboxArgs {
     #[arg(long, default_value = "10.0.0.0/16")]
     pub cluster_cidr: String,
 
-    /// Requests to send to each Service address from each vantage point.
-    #[arg(short = 'n', long, default_value_t = 200)]
-    pub requests: usize,
+    /// Requests to send to each Service address from each vantage point (1 or more).
+    #[arg(short = 'n', long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
+    pub requests: u32,
 
     /// Print the rules the proxy programmed (iptables-save in the node namespace).
     #[arg(long)]

@@ -66,11 +66,11 @@ pub fn iptables_config(args: &ProxyArgs) -> anyhow::Result<IptablesConfig> {
         .unwrap_or(DetectLocalModeArg::ClusterCidr);
     let local_detector = match mode {
         DetectLocalModeArg::ClusterCidr if cidrs.is_empty() => {
-            if args.detect_local_mode.is_some() {
-                warn!(
-                    "--detect-local-mode ClusterCIDR without --cluster-cidr: off-cluster traffic to ClusterIPs is not masqueraded"
-                );
-            }
+            // Upstream warns the same way: without a way to tell pods from other sources,
+            // neither the off-cluster masquerade rule nor the pod short-circuit is written.
+            warn!(
+                "no --cluster-cidr: traffic to ClusterIPs from outside the cluster is not masqueraded, and pod traffic to Local-policy NodePorts is not short-circuited"
+            );
             LocalDetector::None
         }
         DetectLocalModeArg::ClusterCidr => LocalDetector::Cidrs(cidrs),
@@ -123,33 +123,66 @@ impl Host for ReadOnlyHost {
     }
 }
 
-/// `--cleanup`: removes our rules from both families.
+/// `--cleanup`: removes our rules from both families. With `--iptables-backend auto` it
+/// cleans both the nf_tables and the legacy backend, since rules may have been written with
+/// either (a backend whose binaries are missing is skipped).
 fn cleanup(backend: Backend) -> anyhow::Result<()> {
+    let backends: &[(Backend, &str)] = match backend {
+        Backend::Default => &[(Backend::Nft, "nf_tables"), (Backend::Legacy, "legacy")],
+        Backend::Nft => &[(Backend::Nft, "nf_tables")],
+        Backend::Legacy => &[(Backend::Legacy, "legacy")],
+    };
     let mut failed = false;
-    for version in [IpVersion::V4, IpVersion::V6] {
-        let ipt = ExecIptables::new(version, backend);
-        match kp_proxier::iptables::cleanup(&ipt) {
-            Ok(plan) => {
-                for chain in &plan.removed {
-                    info!(family = ?version, "removed chain {chain}");
+    let mut removed = 0;
+    for (backend, name) in backends {
+        for version in [IpVersion::V4, IpVersion::V6] {
+            let ipt = ExecIptables::new(version, *backend);
+            match kp_proxier::iptables::cleanup(&ipt) {
+                Ok(plan) => {
+                    for chain in &plan.removed {
+                        info!(backend = name, family = ?version, "removed chain {chain}");
+                    }
+                    for (chain, why) in &plan.kept {
+                        warn!(backend = name, family = ?version, "kept chain {chain}: {why}");
+                    }
+                    removed += plan.removed.len();
                 }
-                for (chain, why) in &plan.kept {
-                    warn!(family = ?version, "kept chain {chain}: {why}");
+                Err(kp_proxier::ProxierError::Netfilter(kp_netfilter::Error::BinaryNotFound {
+                    binary,
+                    ..
+                })) => {
+                    info!(
+                        backend = name,
+                        "{binary} is not installed; nothing to clean there"
+                    );
                 }
-                if plan.payload.is_none() {
-                    info!(family = ?version, "no iptables rules of kube-proxy-rs found");
+                Err(e) => {
+                    error!(backend = name, family = ?version, "cleanup failed: {e}");
+                    failed = true;
                 }
-            }
-            Err(e) => {
-                error!(family = ?version, "cleanup failed: {e}");
-                failed = true;
             }
         }
     }
     if failed {
         bail!("cleanup did not complete");
     }
+    if removed == 0 {
+        info!("no iptables rules of kube-proxy-rs found");
+    }
     Ok(())
+}
+
+/// Whether this process may change netfilter rules (CAP_NET_ADMIN in its effective set).
+fn has_net_admin() -> bool {
+    const CAP_NET_ADMIN: u32 = 12;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << CAP_NET_ADMIN) != 0)
 }
 
 async fn shutdown_signal() {
@@ -182,12 +215,17 @@ async fn shutdown_signal() {
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     if args.proxy_mode != ProxyModeArg::Iptables {
         bail!(
-            "--proxy-mode {:?} is not implemented yet in kube-proxy-rs; use --proxy-mode iptables",
-            args.proxy_mode
+            "--proxy-mode {} is not implemented yet in kube-proxy-rs; use --proxy-mode iptables",
+            args.proxy_mode.name()
         );
     }
     let cfg = iptables_config(&args)?;
     let backend = backend(args.iptables_backend);
+    if !args.dry_run && !has_net_admin() {
+        bail!(
+            "changing iptables rules needs root (CAP_NET_ADMIN); run as root, or use --dry-run to preview the rules"
+        );
+    }
     if args.cleanup {
         return cleanup(backend);
     }
@@ -217,7 +255,10 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let (tx, mut rx) = mpsc::channel::<Vec<kp_model::SourceEvent>>(64);
-        let mut source = tokio::spawn(kp_source::watch::watch_manifests(path, tx, |e| {
+        let skipped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = skipped.clone();
+        let mut source = tokio::spawn(kp_source::watch::watch_manifests(path, tx, move |e| {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             error!("{e}")
         }));
         // One sync loop per family (upstream's dual-stack "meta proxier"); every batch of
@@ -314,6 +355,11 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
             };
             println!("# {family}: {tool} input");
             print!("{text}");
+        }
+        let skipped = skipped.load(std::sync::atomic::Ordering::Relaxed);
+        if result.is_ok() && args.dry_run && skipped > 0 {
+            // So `--dry-run` can validate manifests in CI.
+            bail!("{skipped} manifest problem(s) reported above; the objects concerned are not in the output");
         }
         result
     })

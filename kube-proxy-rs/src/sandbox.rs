@@ -98,7 +98,7 @@ impl Outcome {
             .by_backend
             .iter()
             .map(|(b, n)| match node_of.get(b) {
-                Some(node) => format!("{b} ({node}) {n}"),
+                Some(node) => format!("{b} (nodeName {node}) {n}"),
                 None => format!("{b} {n}"),
             })
             .collect();
@@ -112,12 +112,12 @@ impl Outcome {
     }
 }
 
-fn classify(e: &ClientError) -> &'static str {
+fn classify(e: &ClientError) -> String {
     match e {
-        ClientError::Refused => "refused",
-        ClientError::Timeout => "timed out",
-        ClientError::Unreachable => "unreachable",
-        ClientError::Other(_) => "failed",
+        ClientError::Refused => "refused".into(),
+        ClientError::Timeout => "timed out".into(),
+        ClientError::Unreachable => "unreachable".into(),
+        ClientError::Other(e) => format!("failed ({e})"),
     }
 }
 
@@ -140,7 +140,7 @@ fn http_batch(
                     *out.by_backend.entry(reply.name().to_string()).or_default() += 1;
                     out.latencies.push(reply.elapsed);
                 }
-                Err(e) => *out.errors.entry(classify(&e).to_string()).or_default() += 1,
+                Err(e) => *out.errors.entry(classify(&e)).or_default() += 1,
             }
         }
         left -= chunk;
@@ -165,7 +165,7 @@ fn udp_batch(
                 *out.by_backend.entry(reply.text()).or_default() += 1;
                 out.latencies.push(start.elapsed());
             }
-            Err(e) => *out.errors.entry(classify(&e).to_string()).or_default() += 1,
+            Err(e) => *out.errors.entry(classify(&e)).or_default() += 1,
         }
     }
     Ok(out)
@@ -199,8 +199,8 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
     check_environment()?;
     if args.proxy_mode != ProxyModeArg::Iptables {
         bail!(
-            "--proxy-mode {:?} is not implemented yet; the sandbox runs iptables mode",
-            args.proxy_mode
+            "--proxy-mode {} is not implemented yet; the sandbox runs iptables mode",
+            args.proxy_mode.name()
         );
     }
     let stop = Arc::new(AtomicBool::new(false));
@@ -226,6 +226,13 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
         eprintln!("manifest error (object skipped): {e}");
     }
     let node_name = match &args.node {
+        Some(n) if !set.nodes.is_empty() && !set.nodes.contains_key(n) => {
+            let known: Vec<&String> = set.nodes.keys().collect();
+            bail!(
+                "--node {n}: no Node of that name in {} (known: {known:?})",
+                manifest.display()
+            );
+        }
         Some(n) => n.clone(),
         None => set
             .nodes
@@ -278,13 +285,14 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
         c
     };
     let vips: Vec<IpAddr> = snap.services.values().map(|s| s.cluster_ip).collect();
+    let plan_service_cidr = covering(
+        &vips,
+        "10.96.0.0/12".parse().context("default service CIDR")?,
+    );
     let plan = FamilyPlan {
         node: node_net,
         client: IpNet::new(client_ip, 24).context("client address")?,
-        service_cidr: covering(
-            &vips,
-            "10.96.0.0/12".parse().context("default service CIDR")?,
-        ),
+        service_cidr: plan_service_cidr,
         pod_cidr: cluster_cidr,
     };
     let mut builder = Topology::builder().family(plan);
@@ -348,12 +356,32 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
         bail!("interrupted");
     }
     println!(
-        "proxy: kube-proxy-rs --proxy-mode iptables, node {node_name}, programmed in {:.2} s (log: {})\n",
+        "proxy: kube-proxy-rs --proxy-mode iptables --hostname-override {node_name} --cluster-cidr {cluster_cidr}, rules programmed in {:.2} s",
         started.elapsed().as_secs_f64(),
-        log_path.display()
     );
+    println!(
+        "report: per address, the backend that answered each request (ip:port, with the endpoint's nodeName) and the latency of connect+response;\n        \"refused\" is a REJECT (Service without endpoints), \"timed out\" a DROP or no route\n"
+    );
+    // Let the client reach external and load-balancer IPs through the node, as a router in
+    // front of the node would.
+    let mut extra_routes = BTreeSet::new();
+    for svc in snap.services.values() {
+        extra_routes.extend(
+            svc.external_ips
+                .iter()
+                .chain(&svc.load_balancer_vips)
+                .copied(),
+        );
+    }
+    for ip in extra_routes {
+        let dest = IpNet::new(ip, 32).context("route")?;
+        if !plan_service_cidr.contains(&ip) {
+            kp_testkit::netns::add_route(topology.client(), dest, node_ip)
+                .context("routing an external IP to the node")?;
+        }
+    }
 
-    let n = args.requests.max(1);
+    let n = args.requests as usize;
     let client = topology.client();
     let node = topology.node();
     for svc in snap.services.values() {
@@ -403,10 +431,10 @@ fn report_service(
     stop: &AtomicBool,
 ) -> anyhow::Result<()> {
     let eps = snap.endpoints_of(&svc.name);
-    let kind = if svc.node_port.is_some() {
-        "NodePort"
-    } else {
-        "ClusterIP"
+    let kind = match svc.service_type {
+        kp_model::ServiceType::LoadBalancer => "LoadBalancer",
+        kp_model::ServiceType::NodePort => "NodePort",
+        _ => "ClusterIP",
     };
     println!(
         "{}  {kind} {}:{}/{}  ({} endpoint{})",
@@ -424,7 +452,15 @@ fn report_service(
     ];
     if let Some(np) = svc.node_port {
         let addr = SocketAddr::new(node_ip, np);
-        targets.push((format!("client -> {addr}"), client, addr));
+        targets.push((format!("client -> {addr} (NodePort)"), client, addr));
+    }
+    for ip in &svc.external_ips {
+        let addr = SocketAddr::new(*ip, svc.port);
+        targets.push((format!("client -> {addr} (external IP)"), client, addr));
+    }
+    for ip in &svc.load_balancer_vips {
+        let addr = SocketAddr::new(*ip, svc.port);
+        targets.push((format!("client -> {addr} (load balancer)"), client, addr));
     }
     for (label, ns, target) in targets {
         let outcome = match svc.name.protocol {

@@ -568,8 +568,18 @@ fn bad_objects_are_reported_and_skipped() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.contains("ERROR")).collect();
+    assert!(
+        !out.status.success(),
+        "--dry-run fails when objects were skipped: {stderr}"
+    );
+    assert!(
+        stderr.contains("3 manifest problem(s) reported above"),
+        "{stderr}"
+    );
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("ERROR") && l.contains("bad.yaml"))
+        .collect();
     assert_eq!(errors.len(), 3, "{stderr}");
     assert!(
         errors
@@ -615,7 +625,8 @@ fn the_sandbox_reports_both_backends_and_cleans_up() {
         .find(|l| l.contains("client -> 10.96.138.71:8080"))
         .unwrap_or_else(|| panic!("no client line:\n{stdout}"));
     assert!(
-        line.contains("10.0.0.4:80 (k8s-master)") && line.contains("10.0.1.2:80 (k8s-worker)"),
+        line.contains("10.0.0.4:80 (nodeName k8s-master)")
+            && line.contains("10.0.1.2:80 (nodeName k8s-worker)"),
         "{line}"
     );
     assert!(line.contains("p50") && line.contains("p99"));

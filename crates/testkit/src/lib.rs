@@ -9,6 +9,7 @@
 //! * [`client`]: [`http_get`], [`http_get_many`], [`udp_request`] and [`UdpClient`], with
 //!   outcomes classified by [`ClientError`] (refused / timeout / unreachable).
 //! * [`process`]: [`ChildGuard`] (a child process stopped on drop) and [`wait_for`].
+//! * [`conformance`]: the packet-flow table every proxy mode must pass.
 //! * [`builders`]: Services, EndpointSlices and snapshots for unit tests; [`golden`]: the
 //!   bundled seed example and the in-order line check used by the golden tests.
 //!
@@ -35,6 +36,7 @@
 pub mod backend;
 pub mod builders;
 pub mod client;
+pub mod conformance;
 pub mod error;
 pub mod golden;
 pub mod netns;

@@ -43,6 +43,10 @@ pub struct Tracker {
     current: Snapshot,
     /// ServicePortNames each Service contributed to `current`, for removal on change.
     ports_of: HashMap<NamespacedName, Vec<ServicePortName>>,
+    /// Node objects for other nodes were seen (so a missing own Node is worth a warning).
+    seen_other_nodes: bool,
+    /// The missing-Node warning was given.
+    warned_no_node: bool,
 }
 
 impl Tracker {
@@ -62,6 +66,8 @@ impl Tracker {
             dirty: BTreeSet::new(),
             full_resync_needed: false,
             ports_of: HashMap::new(),
+            seen_other_nodes: false,
+            warned_no_node: false,
         }
     }
 
@@ -115,6 +121,7 @@ impl Tracker {
             SourceEvent::SliceDelete(name) => self.delete_slice(&name),
             SourceEvent::NodeUpsert(node) => {
                 if node.name != self.node_name {
+                    self.seen_other_nodes = true;
                     return false;
                 }
                 let old = self.node.replace(node);
@@ -195,6 +202,18 @@ impl Tracker {
     /// Takes the current view and what changed since the previous checkout, and clears the
     /// pending changes. Only changed Services are recomputed.
     pub fn checkout(&mut self) -> (Arc<Snapshot>, Changes) {
+        if self.is_initialized()
+            && self.node.is_none()
+            && self.seen_other_nodes
+            && !self.warned_no_node
+        {
+            self.warned_no_node = true;
+            tracing::warn!(
+                node = %self.node_name,
+                "no Node object named {:?} among the Nodes received: every endpoint is treated as remote (check --hostname-override)",
+                self.node_name
+            );
+        }
         let dirty = std::mem::take(&mut self.dirty);
         for name in &dirty {
             self.rebuild_service(name);

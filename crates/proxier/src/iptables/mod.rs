@@ -280,8 +280,8 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
             endpoints = report.endpoints,
             bytes = report.payload_bytes,
             deleted_chains = report.deleted_chains,
-            render_ms = render_time.as_secs_f64() * 1e3,
-            apply_ms = apply_time.as_secs_f64() * 1e3,
+            render_ms = %format!("{:.3}", render_time.as_secs_f64() * 1e3),
+            apply_ms = %format!("{:.3}", apply_time.as_secs_f64() * 1e3),
             "synced iptables rules"
         );
         Ok(report)

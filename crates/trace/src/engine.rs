@@ -1,0 +1,1249 @@
+//! The traversal engine: walks the netfilter hooks in the kernel's order and the chains
+//! of each table rule by rule, forking the packet's state at `statistic` matches.
+//!
+//! The model (see the crate documentation for the full list of simplifications):
+//!
+//! * incoming (Pod / External): raw, mangle, nat PREROUTING → routing decision on the
+//!   (possibly DNATed) destination → local: mangle, filter, security, nat INPUT;
+//!   otherwise: mangle, filter, security FORWARD → mangle, nat POSTROUTING;
+//! * from the node: raw, mangle, nat OUTPUT → reroute → filter, security OUTPUT →
+//!   mangle, nat POSTROUTING → if the destination is local, the packet comes back over
+//!   `lo`: raw, mangle PREROUTING and mangle, filter, security INPUT (nat is not consulted
+//!   again: the connection's NAT bindings were set up on the way out).
+
+use std::collections::{BTreeSet, HashSet};
+use std::net::IpAddr;
+
+use kp_netfilter::{
+    AddrKind, AddrType, Chain, Cidr, ConnState, Conntrack, CtStatus, IpVersion, Match, Multiport,
+    MultiportKind, NatRange, PortMatch, Recent, RecentCommand, Rule, Ruleset, SetFlag, SetMatch,
+    StatisticMode, Table, Target,
+};
+
+use crate::host::{Dim, SetValue};
+use crate::packet::endpoint;
+use crate::result::{Delivery, Effect, Outcome, Step, Trace, Verdict};
+use crate::{Entry, Host, Packet, Proto, TraceError, TraceOptions};
+
+/// How deep chains may call each other before the trace gives up (kube-proxy's rules
+/// are at most 6 deep; the kernel refuses loops).
+pub const MAX_DEPTH: usize = 64;
+
+/// Targets that only log or count: the packet continues as if they were not there.
+const PASSIVE_TARGETS: &[&str] = &["LOG", "NFLOG", "ULOG", "TRACE", "AUDIT"];
+
+/// What the tracer knows about an interface.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Iface {
+    /// There is none at this hook (no input device in OUTPUT, no output device in
+    /// PREROUTING/INPUT): `-i x` is false, `! -i x` true.
+    Absent,
+    /// A known name.
+    Name(String),
+    /// There is one, but its name was not given.
+    Unknown,
+}
+
+/// The routing decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    Local,
+    Forward,
+}
+
+/// One branch's view of the packet and its history.
+#[derive(Debug, Clone)]
+struct State {
+    prob: f64,
+    src: IpAddr,
+    /// False after MASQUERADE (the source becomes the outgoing interface's address).
+    src_known: bool,
+    dst: IpAddr,
+    /// `None` = not carried (port-less protocol) or not known.
+    sport: Option<u16>,
+    dport: Option<u16>,
+    mark: u32,
+    dnat: Option<(IpAddr, Option<u16>)>,
+    masquerade: bool,
+    /// conntrack status bits IPS_DST_NAT / IPS_SRC_NAT (`--ctstate DNAT/SNAT`).
+    ct_dnat: bool,
+    ct_snat: bool,
+    /// IPS_CONFIRMED: only on the loopback leg of a locally delivered packet.
+    confirmed: bool,
+    in_iface: Iface,
+    out_iface: Iface,
+    /// `recent --set` lists this packet was added to (`name|side`).
+    recent_set: Vec<String>,
+    steps: Vec<Step>,
+    unknown: Vec<String>,
+    uncertain: bool,
+    /// Set when a table dropped or rejected the packet.
+    verdict: Option<Verdict>,
+    /// Dropped by the kernel's routing checks.
+    routing_drop: bool,
+    path: Option<Path>,
+}
+
+impl State {
+    fn live(&self) -> bool {
+        self.verdict.is_none() && !self.routing_drop
+    }
+
+    fn add_unknown(&mut self, what: String) {
+        self.uncertain = true;
+        if !self.unknown.contains(&what) {
+            self.unknown.push(what);
+        }
+    }
+}
+
+/// How a chain traversal ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Flow {
+    /// `RETURN` or the end of the chain: back to the caller (policy for builtins).
+    Return,
+    /// ACCEPT, or a NAT target: this table is done with the packet for this hook.
+    Accept,
+    /// DROP.
+    Drop,
+    /// REJECT with this type.
+    Reject(String),
+}
+
+/// A pending traversal position inside one chain invocation.
+struct Item {
+    st: State,
+    i: usize,
+    matched_any: bool,
+    /// The match result of rule `i`, when already decided by a fork.
+    decided: Option<bool>,
+}
+
+/// The result of a match evaluated without side effects.
+enum Pure {
+    Yes,
+    No,
+    Unknown(String),
+    /// `recent --rcheck/--update`: false for a client without an entry.
+    NoFirstConnection,
+    /// True, with side effects or forks handled afterwards (statistic, recent --set).
+    Effect,
+}
+
+fn pure(b: bool) -> Pure {
+    if b { Pure::Yes } else { Pure::No }
+}
+
+/// One trace in progress.
+pub(crate) struct Engine<'a> {
+    rules: &'a Ruleset,
+    host: &'a Host,
+    packet: &'a Packet,
+    version: IpVersion,
+    proto: u8,
+    max_outcomes: usize,
+    branches: usize,
+    capped: bool,
+    notes: Vec<String>,
+    seen_notes: HashSet<String>,
+}
+
+impl<'a> Engine<'a> {
+    /// Checks the inputs and prepares a trace.
+    pub(crate) fn new(
+        rules: &'a Ruleset,
+        host: &'a Host,
+        packet: &'a Packet,
+        opts: &TraceOptions,
+    ) -> Result<Engine<'a>, TraceError> {
+        let version = packet.version();
+        if IpVersion::of(packet.dst) != version {
+            return Err(TraceError::MixedFamily {
+                src: packet.src,
+                dst: packet.dst,
+            });
+        }
+        if !packet.proto.has_ports() && (packet.sport.is_some() || packet.dport.is_some()) {
+            return Err(TraceError::PortsWithoutPortProtocol {
+                proto: packet.proto.to_string(),
+            });
+        }
+        if let Some(only) = single_family(rules)
+            && only != version
+        {
+            return Err(TraceError::FamilyMismatch {
+                packet: version,
+                ruleset: only,
+            });
+        }
+        Ok(Engine {
+            rules,
+            host,
+            packet,
+            version,
+            proto: packet.proto.number(version),
+            max_outcomes: opts.max_outcomes.max(1),
+            branches: 1,
+            capped: false,
+            notes: Vec::new(),
+            seen_notes: HashSet::new(),
+        })
+    }
+
+    fn note(&mut self, n: String) {
+        if self.seen_notes.insert(n.clone()) {
+            self.notes.push(n);
+        }
+    }
+
+    /// Runs the trace.
+    pub(crate) fn run(mut self) -> Result<Trace, TraceError> {
+        use Table::{Filter, Mangle, Nat, Raw, Security};
+        let p = self.packet;
+        for t in [Filter, Nat] {
+            if !self.rules.tables.contains_key(&t) {
+                self.note(format!(
+                    "the ruleset has no {t} table: its hooks were not evaluated (as if empty, \
+                     policy ACCEPT)"
+                ));
+            }
+        }
+        let mut states = vec![self.initial_state()];
+        match &p.entry {
+            Entry::Pod { iface } | Entry::External { iface } => {
+                states[0].in_iface = iface.clone().map_or(Iface::Unknown, Iface::Name);
+                states[0].out_iface = Iface::Absent;
+                self.hook(&mut states, "PREROUTING", &[Raw, Mangle, Nat], None)?;
+                for st in states.iter_mut().filter(|s| s.live()) {
+                    self.route_incoming(st);
+                }
+                let local = Some(Path::Local);
+                let fwd = Some(Path::Forward);
+                self.hook(
+                    &mut states,
+                    "INPUT",
+                    &[Mangle, Filter, Security, Nat],
+                    local,
+                )?;
+                self.hook(&mut states, "FORWARD", &[Mangle, Filter, Security], fwd)?;
+                self.hook(&mut states, "POSTROUTING", &[Mangle, Nat], fwd)?;
+            }
+            Entry::Node => {
+                let dst = states[0].dst;
+                states[0].in_iface = Iface::Absent;
+                states[0].out_iface = self.out_iface_for(dst);
+                self.hook(&mut states, "OUTPUT", &[Raw, Mangle, Nat], None)?;
+                for st in states.iter_mut().filter(|s| s.live()) {
+                    self.reroute_local(st);
+                }
+                self.hook(&mut states, "OUTPUT", &[Filter, Security], None)?;
+                self.hook(&mut states, "POSTROUTING", &[Mangle, Nat], None)?;
+                let mut looped = false;
+                for st in states
+                    .iter_mut()
+                    .filter(|s| s.live() && s.path == Some(Path::Local))
+                {
+                    st.in_iface = Iface::Name("lo".into());
+                    st.out_iface = Iface::Absent;
+                    st.confirmed = true;
+                    looped = true;
+                }
+                if looped {
+                    self.note(
+                        "locally generated packet for a local address: after OUTPUT and \
+                         POSTROUTING it comes back over lo through raw/mangle PREROUTING and \
+                         mangle/filter INPUT; nat PREROUTING/INPUT are not consulted again \
+                         (the connection's NAT was set up on the way out)"
+                            .into(),
+                    );
+                }
+                let local = Some(Path::Local);
+                self.hook(&mut states, "PREROUTING", &[Raw, Mangle], local)?;
+                self.hook(&mut states, "INPUT", &[Mangle, Filter, Security], local)?;
+            }
+        }
+        Ok(self.finish(states))
+    }
+
+    fn initial_state(&self) -> State {
+        let p = self.packet;
+        State {
+            prob: 1.0,
+            src: p.src,
+            src_known: true,
+            dst: p.dst,
+            sport: p.sport,
+            dport: p.dport,
+            mark: 0,
+            dnat: None,
+            masquerade: false,
+            ct_dnat: false,
+            ct_snat: false,
+            confirmed: false,
+            in_iface: Iface::Unknown,
+            out_iface: Iface::Unknown,
+            recent_set: Vec::new(),
+            steps: Vec::new(),
+            unknown: Vec::new(),
+            uncertain: false,
+            verdict: None,
+            routing_drop: false,
+            path: None,
+        }
+    }
+
+    fn out_iface_for(&self, dst: IpAddr) -> Iface {
+        if self.host.is_local(dst) {
+            Iface::Name("lo".into())
+        } else {
+            self.packet
+                .out_iface
+                .clone()
+                .map_or(Iface::Unknown, Iface::Name)
+        }
+    }
+
+    /// The routing decision for a packet that came in from an interface.
+    fn route_incoming(&mut self, st: &mut State) {
+        let v6 = self.version == IpVersion::V6;
+        if st.dst.is_loopback() && (v6 || !self.host.route_localnet) {
+            st.routing_drop = true;
+            self.note(format!(
+                "the kernel drops packets for {} that arrive on a non-loopback interface \
+                 (martian destination){}",
+                st.dst,
+                if v6 { "" } else { " unless route_localnet=1" }
+            ));
+            return;
+        }
+        if st.src.is_loopback() && (v6 || !self.host.route_localnet) {
+            st.routing_drop = true;
+            self.note(format!(
+                "the kernel drops packets from {} that arrive on a non-loopback interface \
+                 (martian source){}",
+                st.src,
+                if v6 { "" } else { " unless route_localnet=1" }
+            ));
+            return;
+        }
+        if self.host.is_local(st.dst) {
+            st.path = Some(Path::Local);
+            st.out_iface = Iface::Absent;
+        } else {
+            st.path = Some(Path::Forward);
+            st.out_iface = self.out_iface_for(st.dst);
+        }
+    }
+
+    /// The reroute after nat OUTPUT, for a locally generated packet.
+    fn reroute_local(&mut self, st: &mut State) {
+        let local = self.host.is_local(st.dst);
+        st.path = Some(if local { Path::Local } else { Path::Forward });
+        st.out_iface = self.out_iface_for(st.dst);
+        let v6 = self.version == IpVersion::V6;
+        if !local && st.src.is_loopback() && (v6 || !self.host.route_localnet) {
+            st.routing_drop = true;
+            self.note(format!(
+                "the kernel will not send a packet with source {} out of a non-loopback \
+                 interface{}",
+                st.src,
+                if v6 { "" } else { " unless route_localnet=1" }
+            ));
+        }
+    }
+
+    /// Runs `hook` of each table in `tables` (in order) for every live state on `path`
+    /// (all when `None`).
+    fn hook(
+        &mut self,
+        states: &mut Vec<State>,
+        hook: &str,
+        tables: &[Table],
+        path: Option<Path>,
+    ) -> Result<(), TraceError> {
+        for &table in tables {
+            let mut next = Vec::with_capacity(states.len());
+            for st in states.drain(..) {
+                if !st.live() || (path.is_some() && st.path != path) {
+                    next.push(st);
+                } else {
+                    next.extend(self.run_builtin(table, hook, st)?);
+                }
+            }
+            *states = next;
+        }
+        Ok(())
+    }
+
+    /// Traverses one builtin chain and applies its policy.
+    fn run_builtin(
+        &mut self,
+        table: Table,
+        hook: &str,
+        st: State,
+    ) -> Result<Vec<State>, TraceError> {
+        let rules: &'a Ruleset = self.rules;
+        let Some(chain) = rules.chain(table, hook) else {
+            return Ok(vec![st]);
+        };
+        let policy = chain.policy.as_deref().unwrap_or("ACCEPT");
+        let res = self.run_chain(table, hook, chain, st, 0)?;
+        let mut out = Vec::with_capacity(res.len());
+        for (mut s, flow) in res {
+            match flow {
+                Flow::Return => {
+                    if policy != "ACCEPT" || !chain.rules.is_empty() {
+                        s.steps.push(Step {
+                            table,
+                            chain: hook.to_string(),
+                            rule_index: None,
+                            line: None,
+                            rule_text: format!("-P {hook} {policy}"),
+                            effect: Effect::Policy,
+                            detail: "policy".into(),
+                        });
+                    }
+                    match policy {
+                        "ACCEPT" => {}
+                        "DROP" => s.verdict = Some(Verdict::Drop),
+                        other => s.add_unknown(format!(
+                            "{table} {hook}: policy {other} not understood; treated as ACCEPT"
+                        )),
+                    }
+                }
+                Flow::Accept => {}
+                Flow::Drop => s.verdict = Some(Verdict::Drop),
+                Flow::Reject(w) => s.verdict = Some(Verdict::Reject(w)),
+            }
+            out.push(s);
+        }
+        Ok(out)
+    }
+
+    /// Traverses `chain` (named `name`) from its first rule. Returns every branch with how
+    /// it left the chain.
+    fn run_chain(
+        &mut self,
+        table: Table,
+        name: &str,
+        chain: &'a Chain,
+        st: State,
+        depth: usize,
+    ) -> Result<Vec<(State, Flow)>, TraceError> {
+        if depth > MAX_DEPTH {
+            return Err(TraceError::ChainDepth {
+                table,
+                chain: name.to_string(),
+                limit: MAX_DEPTH,
+            });
+        }
+        let rules: &'a Ruleset = self.rules;
+        let builtin = depth == 0;
+        let mut out = Vec::new();
+        let mut stack = vec![Item {
+            st,
+            i: 0,
+            matched_any: false,
+            decided: None,
+        }];
+        while let Some(Item {
+            mut st,
+            mut i,
+            mut matched_any,
+            mut decided,
+        }) = stack.pop()
+        {
+            loop {
+                let Some(rule) = chain.rules.get(i) else {
+                    if !builtin && !matched_any {
+                        st.steps.push(Step {
+                            table,
+                            chain: name.to_string(),
+                            rule_index: None,
+                            line: None,
+                            rule_text: String::new(),
+                            effect: Effect::Return,
+                            detail: "no rule matched".into(),
+                        });
+                    }
+                    out.push((st, Flow::Return));
+                    break;
+                };
+                let matched = match decided.take() {
+                    Some(m) => m,
+                    None => {
+                        let mut extras = Vec::new();
+                        let m = self.match_rule(table, name, i, rule, &mut st, &mut extras);
+                        for e in extras.into_iter().rev() {
+                            stack.push(Item {
+                                st: e,
+                                i,
+                                matched_any,
+                                decided: Some(false),
+                            });
+                        }
+                        m
+                    }
+                };
+                if !matched {
+                    i += 1;
+                    continue;
+                }
+                matched_any = true;
+                let step = |effect: Effect, detail: String| Step {
+                    table,
+                    chain: name.to_string(),
+                    rule_index: Some(i),
+                    line: (rule.line > 0).then_some(rule.line),
+                    rule_text: rule.to_string(),
+                    effect,
+                    detail,
+                };
+                match &rule.target {
+                    None => {
+                        st.steps.push(step(Effect::Continue, String::new()));
+                        i += 1;
+                    }
+                    Some(t @ (Target::Jump(c) | Target::Goto(c))) => {
+                        let goto = matches!(t, Target::Goto(_));
+                        let Some(sub) = rules.chain(table, c) else {
+                            st.add_unknown(format!(
+                                "{table} {name} rule index {i}: {} {c}, a chain not in the ruleset; \
+                                 the rule was treated as not matching: `{rule}`",
+                                if goto { "goes to" } else { "jumps to" }
+                            ));
+                            i += 1;
+                            continue;
+                        };
+                        let effect = if goto { Effect::Goto } else { Effect::Jump };
+                        st.steps.push(step(effect, statistic_detail(rule)));
+                        let res = self.run_chain(table, c, sub, st, depth + 1)?;
+                        if goto {
+                            out.extend(res);
+                        } else {
+                            let mut back = Vec::new();
+                            for (s, flow) in res {
+                                if flow == Flow::Return {
+                                    back.push(s);
+                                } else {
+                                    out.push((s, flow));
+                                }
+                            }
+                            for s in back.into_iter().rev() {
+                                stack.push(Item {
+                                    st: s,
+                                    i: i + 1,
+                                    matched_any: true,
+                                    decided: None,
+                                });
+                            }
+                        }
+                        break;
+                    }
+                    Some(Target::Return) => {
+                        st.steps.push(step(Effect::Return, String::new()));
+                        out.push((st, Flow::Return));
+                        break;
+                    }
+                    Some(Target::Accept) => {
+                        st.steps.push(step(Effect::Accept, String::new()));
+                        out.push((st, Flow::Accept));
+                        break;
+                    }
+                    Some(Target::Drop) => {
+                        st.steps.push(step(Effect::Drop, String::new()));
+                        out.push((st, Flow::Drop));
+                        break;
+                    }
+                    Some(Target::Reject { with }) => {
+                        let w = with
+                            .clone()
+                            .unwrap_or_else(|| default_reject(self.version).to_string());
+                        st.steps.push(step(Effect::Reject, String::new()));
+                        out.push((st, Flow::Reject(w)));
+                        break;
+                    }
+                    Some(Target::Dnat(n)) if table == Table::Nat => {
+                        let detail = self.apply_dnat(&mut st, &n.to, table, name, i);
+                        st.steps.push(step(Effect::Dnat, detail));
+                        out.push((st, Flow::Accept));
+                        break;
+                    }
+                    Some(Target::Snat(n)) if table == Table::Nat => {
+                        let detail = self.apply_snat(&mut st, &n.to, table, name, i);
+                        st.steps.push(step(Effect::Snat, detail));
+                        out.push((st, Flow::Accept));
+                        break;
+                    }
+                    Some(Target::Masquerade {
+                        to_ports,
+                        random,
+                        random_fully,
+                    }) if table == Table::Nat => {
+                        st.masquerade = true;
+                        st.ct_snat = true;
+                        st.src_known = false;
+                        if to_ports.is_some() || *random || *random_fully {
+                            st.sport = None;
+                        }
+                        let detail = "source becomes the outgoing interface's address".into();
+                        st.steps.push(step(Effect::Masquerade, detail));
+                        out.push((st, Flow::Accept));
+                        break;
+                    }
+                    Some(Target::Mark { value, mask }) => {
+                        let old = st.mark;
+                        st.mark = (old & !mask) ^ value;
+                        let detail = format!("mark {old:#x} -> {:#x}", st.mark);
+                        st.steps.push(step(Effect::Mark, detail));
+                        i += 1;
+                    }
+                    Some(Target::Unknown { name: t, .. })
+                        if PASSIVE_TARGETS.contains(&t.as_str()) =>
+                    {
+                        st.steps
+                            .push(step(Effect::Continue, format!("{t} only logs")));
+                        i += 1;
+                    }
+                    Some(t) => {
+                        st.add_unknown(format!(
+                            "{table} {name} rule index {i}: target {} not evaluated (traced as if it \
+                             did nothing and the packet went on): `{rule}`",
+                            t.name()
+                        ));
+                        st.steps
+                            .push(step(Effect::Continue, "not evaluated".into()));
+                        i += 1;
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Applies a DNAT target; returns the step detail.
+    fn apply_dnat(
+        &mut self,
+        st: &mut State,
+        to: &NatRange,
+        table: Table,
+        chain: &str,
+        i: usize,
+    ) -> String {
+        let (addr, port) = self.nat_choice(st, to, st.dst, st.dport, table, chain, i);
+        if addr != st.dst || port != st.dport {
+            st.ct_dnat = true;
+        }
+        st.dst = addr;
+        st.dport = port;
+        st.dnat = Some((addr, port));
+        format!("destination now {}", endpoint(addr, port))
+    }
+
+    /// Applies an SNAT target; returns the step detail.
+    fn apply_snat(
+        &mut self,
+        st: &mut State,
+        to: &NatRange,
+        table: Table,
+        chain: &str,
+        i: usize,
+    ) -> String {
+        let (addr, port) = self.nat_choice(st, to, st.src, st.sport, table, chain, i);
+        st.src = addr;
+        st.src_known = true;
+        st.sport = port;
+        st.masquerade = true;
+        st.ct_snat = true;
+        format!("source now {}", endpoint(addr, port))
+    }
+
+    /// The address and port a NAT range maps to: the first of each range (a range is
+    /// reported unknown: the kernel picks one).
+    #[allow(clippy::too_many_arguments)]
+    fn nat_choice(
+        &self,
+        st: &mut State,
+        to: &NatRange,
+        addr: IpAddr,
+        port: Option<u16>,
+        table: Table,
+        chain: &str,
+        i: usize,
+    ) -> (IpAddr, Option<u16>) {
+        let mut ranged = false;
+        let addr = match to.addrs {
+            Some((a, b)) => {
+                ranged |= a != b;
+                a
+            }
+            None => addr,
+        };
+        let port = match (to.ports, self.packet.proto.has_ports()) {
+            (Some(r), true) => {
+                ranged |= r.first != r.last;
+                Some(r.first)
+            }
+            _ => port,
+        };
+        if ranged {
+            st.add_unknown(format!(
+                "{table} {chain} rule index {i}: NAT to the range {to}: the kernel picks one; \
+                 traced with the first, {}",
+                endpoint(addr, port)
+            ));
+        }
+        (addr, port)
+    }
+
+    /// Decides whether `rule` matches `st`. Forks at `statistic` matches: `st` becomes
+    /// the matching branch and the not-matching ones are appended to `extras`.
+    fn match_rule(
+        &mut self,
+        table: Table,
+        chain: &str,
+        i: usize,
+        rule: &Rule,
+        st: &mut State,
+        extras: &mut Vec<State>,
+    ) -> bool {
+        let mut unknowns = Vec::new();
+        let mut recents: Vec<&Recent> = Vec::new();
+        for m in &rule.matches {
+            match self.pure(m, st) {
+                Pure::Yes | Pure::Effect => {}
+                Pure::No => return false,
+                Pure::Unknown(why) => unknowns.push(why),
+                Pure::NoFirstConnection => {
+                    if let Match::Recent(r) = m {
+                        recents.push(r);
+                    }
+                }
+            }
+        }
+        if !recents.is_empty() {
+            if unknowns.is_empty() {
+                let to = rule
+                    .jump_chain()
+                    .map_or_else(|| "this rule's target".to_string(), str::to_string);
+                for r in recents {
+                    let within = r
+                        .seconds
+                        .map_or_else(String::new, |s| format!(" within {s}s"));
+                    self.note(format!(
+                        "session affinity ({table} {chain} rule index {i}): traced as a first \
+                         connection; a returning client{within} (recent list {}) goes back \
+                         to {to}",
+                        r.name
+                    ));
+                }
+            }
+            return false;
+        }
+        if !unknowns.is_empty() {
+            for why in unknowns {
+                st.add_unknown(format!(
+                    "{table} {chain} rule index {i}: {why}; the rule was treated as not matching: \
+                     `{rule}`"
+                ));
+            }
+            return false;
+        }
+        for m in &rule.matches {
+            match m {
+                Match::Recent(r) if r.command == RecentCommand::Set => {
+                    st.recent_set.push(recent_key(r));
+                    self.note(format!(
+                        "{table} {chain} rule index {i} records the client in recent list {} (session \
+                         affinity)",
+                        r.name
+                    ));
+                }
+                Match::Statistic(s) => {
+                    let p = match s.mode {
+                        StatisticMode::Random { probability } => probability.as_f64(),
+                        StatisticMode::Nth { every, .. } => 1.0 / f64::from(every),
+                    };
+                    if let StatisticMode::Nth { every, .. } = s.mode {
+                        self.note(format!(
+                            "{table} {chain} rule index {i}: statistic nth (every {every}) traced as \
+                             a 1/{every} chance: which connection number this is is unknown"
+                        ));
+                    }
+                    let p = if s.negated { 1.0 - p } else { p };
+                    if p <= 0.0 {
+                        return false;
+                    }
+                    if p >= 1.0 {
+                        continue;
+                    }
+                    if self.branches >= self.max_outcomes {
+                        if !self.capped {
+                            self.capped = true;
+                            self.note(format!(
+                                "more than {} outcomes: further statistic matches were not \
+                                 branched (traced as not matching; those outcomes are marked \
+                                 uncertain)",
+                                self.max_outcomes
+                            ));
+                        }
+                        st.add_unknown(format!(
+                            "{table} {chain} rule index {i}: statistic match not branched (outcome \
+                             cap reached): `{rule}`"
+                        ));
+                        return false;
+                    }
+                    self.branches += 1;
+                    let mut other = st.clone();
+                    other.prob *= 1.0 - p;
+                    st.prob *= p;
+                    extras.push(other);
+                }
+                _ => {}
+            }
+        }
+        true
+    }
+
+    /// Evaluates one match without side effects.
+    fn pure(&mut self, m: &Match, st: &State) -> Pure {
+        match m {
+            Match::Source { net, negated } => {
+                if st.src_known {
+                    pure(net.contains(st.src) ^ negated)
+                } else {
+                    Pure::Unknown("source address after MASQUERADE is not known".into())
+                }
+            }
+            Match::Destination { net, negated } => pure(net.contains(st.dst) ^ negated),
+            Match::InInterface { name, negated } => {
+                iface_match(&st.in_iface, name, *negated, "input interface")
+            }
+            Match::OutInterface { name, negated } => {
+                iface_match(&st.out_iface, name, *negated, "output interface")
+            }
+            Match::Protocol { proto, negated } => {
+                pure((proto.0 == 0 || proto.0 == self.proto) ^ negated)
+            }
+            // The traced packet is the first (so unfragmented) packet of a connection.
+            Match::Fragment { negated } => pure(*negated),
+            Match::Comment(_) | Match::Nfacct { .. } => Pure::Yes,
+            Match::Tcp(pm) => self.ports(6, pm, st),
+            Match::Udp(pm) => self.ports(17, pm, st),
+            Match::Sctp(pm) => self.ports(132, pm, st),
+            Match::Multiport(mp) => self.multiport(mp, st),
+            Match::Statistic(_) => Pure::Effect,
+            Match::Mark(mm) => pure(((st.mark & mm.mask) == mm.value) ^ mm.negated),
+            Match::Conntrack(c) => conntrack(c, st),
+            Match::State(s) => pure(s.states.contains(&ConnState::New) ^ s.negated),
+            Match::AddrType(a) => self.addrtype(a, st),
+            Match::Recent(r) => {
+                let seen = st.recent_set.contains(&recent_key(r));
+                match r.command {
+                    RecentCommand::Set => {
+                        if r.negated {
+                            Pure::No
+                        } else {
+                            Pure::Effect
+                        }
+                    }
+                    RecentCommand::Remove => pure(seen ^ r.negated),
+                    RecentCommand::Check | RecentCommand::Update => {
+                        if seen ^ r.negated {
+                            Pure::Yes
+                        } else if seen {
+                            Pure::No
+                        } else {
+                            Pure::NoFirstConnection
+                        }
+                    }
+                }
+            }
+            Match::Set(s) => self.set_match(s, st),
+            Match::Physdev(_) => {
+                Pure::Unknown("physdev (bridge port) information is not modelled".into())
+            }
+            Match::Unknown { module, .. } => Pure::Unknown(format!(
+                "match `-m {module}` (or its options) not understood"
+            )),
+        }
+    }
+
+    fn ports(&self, proto: u8, pm: &PortMatch, st: &State) -> Pure {
+        if self.proto != proto {
+            return Pure::No;
+        }
+        let mut unknown = None;
+        for (test, val, what) in [
+            (&pm.sport, st.sport, "source port"),
+            (&pm.dport, st.dport, "destination port"),
+        ] {
+            if let Some(t) = test {
+                match val {
+                    None => unknown = Some(what),
+                    Some(p) => {
+                        if t.value.contains(p) == t.negated {
+                            return Pure::No;
+                        }
+                    }
+                }
+            }
+        }
+        match unknown {
+            Some(what) => Pure::Unknown(format!("the packet's {what} is not known")),
+            None => Pure::Yes,
+        }
+    }
+
+    fn multiport(&self, mp: &Multiport, st: &State) -> Pure {
+        if ![6, 17, 33, 132, 136].contains(&self.proto) {
+            return Pure::No;
+        }
+        let hit = |p: Option<u16>| p.map(|p| mp.ports.iter().any(|r| r.contains(p)));
+        let r = match mp.kind {
+            MultiportKind::Source => hit(st.sport),
+            MultiportKind::Destination => hit(st.dport),
+            MultiportKind::Either => match (hit(st.sport), hit(st.dport)) {
+                (Some(true), _) | (_, Some(true)) => Some(true),
+                (Some(false), Some(false)) => Some(false),
+                _ => None,
+            },
+        };
+        match r {
+            Some(b) => pure(b ^ mp.negated),
+            None => Pure::Unknown("the packet's port is not known".into()),
+        }
+    }
+
+    fn addrtype(&mut self, a: &AddrType, st: &State) -> Pure {
+        if a.limit_iface_in || a.limit_iface_out {
+            self.note(
+                "addrtype --limit-iface-in/--limit-iface-out ignored: address types are \
+                 evaluated for the whole node"
+                    .into(),
+            );
+        }
+        let mut result = Pure::Yes;
+        for (sel, addr, known) in [(&a.src, st.src, st.src_known), (&a.dst, st.dst, true)] {
+            let Some(sel) = sel else { continue };
+            if !known {
+                return Pure::Unknown("source address after MASQUERADE is not known".into());
+            }
+            match self.addr_kind(addr) {
+                Some(kind) => {
+                    if sel.value.contains(&kind) == sel.negated {
+                        return Pure::No;
+                    }
+                }
+                None => {
+                    // A non-local unicast-looking address: UNICAST if a route exists,
+                    // else BLACKHOLE/UNREACHABLE/PROHIBIT/THROW from the routing table.
+                    let routed = [
+                        AddrKind::Blackhole,
+                        AddrKind::Unreachable,
+                        AddrKind::Prohibit,
+                        AddrKind::Throw,
+                        AddrKind::Nat,
+                        AddrKind::Xresolve,
+                        AddrKind::Anycast,
+                    ];
+                    let has_unicast = sel.value.contains(&AddrKind::Unicast);
+                    let has_routed = routed.iter().any(|k| sel.value.contains(k));
+                    if has_unicast {
+                        self.note(format!(
+                            "addrtype: {addr} is assumed UNICAST (routes are not modelled)"
+                        ));
+                        if sel.negated {
+                            return Pure::No;
+                        }
+                    } else if has_routed {
+                        result = Pure::Unknown(format!(
+                            "the address type of {addr} depends on the routing table"
+                        ));
+                    } else if !sel.negated {
+                        return Pure::No;
+                    }
+                }
+            }
+        }
+        result
+    }
+
+    /// The address type of `ip` when it does not depend on routes.
+    fn addr_kind(&self, ip: IpAddr) -> Option<AddrKind> {
+        if self.host.is_local(ip) {
+            return Some(AddrKind::Local);
+        }
+        if ip.is_multicast() {
+            return Some(AddrKind::Multicast);
+        }
+        match ip {
+            IpAddr::V4(a) if a.is_broadcast() || a.is_unspecified() => Some(AddrKind::Broadcast),
+            IpAddr::V6(a) if a.is_unspecified() => Some(AddrKind::Unspec),
+            _ => None,
+        }
+    }
+
+    fn set_match(&self, s: &SetMatch, st: &State) -> Pure {
+        let Some(set) = self.host.ipsets.get(&s.name) else {
+            return Pure::Unknown(format!("the contents of ipset {} were not given", s.name));
+        };
+        let dims = set.set_type.dims();
+        // The kernel never matches with fewer direction flags than the set has
+        // dimensions, nor across families.
+        if s.flags.len() < dims.len() || set.family.is_some_and(|f| f != self.version) {
+            return pure(s.negated);
+        }
+        let mut vals = Vec::with_capacity(dims.len());
+        for (dim, flag) in dims.iter().zip(&s.flags) {
+            let src = *flag == SetFlag::Src;
+            let v = match dim {
+                Dim::Ip => {
+                    if src && !st.src_known {
+                        return Pure::Unknown(
+                            "source address after MASQUERADE is not known".into(),
+                        );
+                    }
+                    SetValue::Ip(if src { st.src } else { st.dst })
+                }
+                Dim::Port => match self.packet.proto {
+                    Proto::Tcp | Proto::Udp | Proto::Sctp => {
+                        let Some(port) = (if src { st.sport } else { st.dport }) else {
+                            return Pure::Unknown("the packet's port is not known".into());
+                        };
+                        SetValue::Port {
+                            proto: self.proto,
+                            port,
+                        }
+                    }
+                    Proto::Icmp => SetValue::Echo { proto: self.proto },
+                    Proto::Other(_) => return pure(s.negated),
+                },
+            };
+            vals.push(v);
+        }
+        pure(set.test(&vals) ^ s.negated)
+    }
+
+    /// Turns the final states into the trace, with the closing notes.
+    fn finish(mut self, states: Vec<State>) -> Trace {
+        let p = self.packet;
+        let mut outcomes = Vec::with_capacity(states.len());
+        for st in states {
+            let verdict = st.verdict.clone().unwrap_or(Verdict::Accept);
+            let delivery = if st.verdict.is_some() || st.routing_drop {
+                Delivery::Dropped
+            } else if st.path == Some(Path::Local) {
+                Delivery::Local
+            } else {
+                Delivery::Forwarded
+            };
+            outcomes.push(Outcome {
+                probability: st.prob,
+                steps: st.steps,
+                dnat: st.dnat,
+                masquerade: st.masquerade,
+                mark: st.mark,
+                verdict,
+                delivery,
+                unknown: st.unknown,
+                uncertain: st.uncertain,
+            });
+        }
+        let unchanged = outcomes
+            .iter()
+            .any(|o| o.dnat.is_none() && o.delivery == Delivery::Forwarded);
+        if unchanged && !self.host.is_local(p.dst) {
+            let n = self.no_dnat_note();
+            self.note(n);
+        }
+        Trace {
+            outcomes,
+            notes: self.notes,
+            original_dst: (p.dst, p.dport),
+        }
+    }
+
+    /// Explains a packet that leaves the node with its original destination.
+    fn no_dnat_note(&self) -> String {
+        let p = self.packet;
+        let dst = endpoint(p.dst, p.dport);
+        let host = Cidr::host(p.dst);
+        let mut reqs: Vec<String> = Vec::new();
+        let mut seen: Vec<String> = Vec::new();
+        if let Some(nat) = self.rules.tables.get(&Table::Nat) {
+            for (name, chain) in &nat.chains {
+                for r in &chain.rules {
+                    let names_dst = r.matches.iter().any(
+                        |m| matches!(m, Match::Destination { net, negated: false } if *net == host),
+                    );
+                    if names_dst {
+                        let (what, req) = requirement(name, r);
+                        if !seen.contains(&what) {
+                            seen.push(what);
+                            reqs.push(req);
+                        }
+                    }
+                }
+            }
+        }
+        if reqs.is_empty() {
+            return format!(
+                "no DNAT: the packet is routed unchanged towards {dst}, which is not an address \
+                 of this node"
+            );
+        }
+        let shown = reqs.len().min(5);
+        let more = if reqs.len() > shown {
+            format!(" and {} more", reqs.len() - shown)
+        } else {
+            String::new()
+        };
+        let why = if p.proto == Proto::Icmp {
+            "this is why a ClusterIP cannot be pinged in iptables mode"
+        } else {
+            "the connection attempt gets no answer"
+        };
+        format!(
+            "no DNAT: nat rules for {} only match {}{more}, which this {} packet does not; it is \
+             routed unchanged towards {}, an address no interface owns (a Service IP in \
+             iptables mode exists only as DNAT rules for its ports), so nothing answers: {why}",
+            p.dst,
+            reqs[..shown].join("; "),
+            p.proto,
+            p.dst
+        )
+    }
+}
+
+/// What a rule requires besides its destination (`tcp dport 8080`), and that with
+/// where it is (`tcp dport 8080 in KUBE-SERVICES ("default/nginx-svc cluster IP")`).
+fn requirement(chain: &str, r: &Rule) -> (String, String) {
+    let mut parts: Vec<String> = Vec::new();
+    for m in &r.matches {
+        match m {
+            Match::Protocol { proto, negated } => {
+                parts.push(format!("{}{proto}", if *negated { "not " } else { "" }));
+            }
+            Match::Tcp(pm) | Match::Udp(pm) | Match::Sctp(pm) => {
+                if let Some(d) = &pm.dport {
+                    let not = if d.negated { "not " } else { "" };
+                    parts.push(format!("{not}dport {}", d.value));
+                }
+            }
+            Match::Multiport(mp) if mp.kind != MultiportKind::Source => {
+                let list: Vec<String> = mp.ports.iter().map(ToString::to_string).collect();
+                parts.push(format!("dports {}", list.join(",")));
+            }
+            _ => {}
+        }
+    }
+    if parts.is_empty() {
+        parts.push("other conditions".into());
+    }
+    let comment = r
+        .matches
+        .iter()
+        .find_map(|m| match m {
+            Match::Comment(c) => Some(format!(" (\"{c}\")")),
+            _ => None,
+        })
+        .unwrap_or_default();
+    let what = parts.join(" ");
+    let full = format!("{what} in {chain}{comment}");
+    (what, full)
+}
+
+fn statistic_detail(rule: &Rule) -> String {
+    for m in &rule.matches {
+        if let Match::Statistic(s) = m {
+            let p = match s.mode {
+                StatisticMode::Random { probability } => probability.as_f64(),
+                StatisticMode::Nth { every, .. } => 1.0 / f64::from(every),
+            };
+            let p = if s.negated { 1.0 - p } else { p };
+            return format!("taken with probability {:.1}%", p * 100.0);
+        }
+    }
+    String::new()
+}
+
+fn recent_key(r: &Recent) -> String {
+    format!("{}|{:?}", r.name, r.side)
+}
+
+fn default_reject(v: IpVersion) -> &'static str {
+    match v {
+        IpVersion::V4 => "icmp-port-unreachable",
+        IpVersion::V6 => "icmp6-port-unreachable",
+    }
+}
+
+fn iface_match(iface: &Iface, pattern: &str, negated: bool, what: &str) -> Pure {
+    let hit = match iface {
+        Iface::Absent => false,
+        Iface::Name(n) => match pattern.strip_suffix('+') {
+            Some(prefix) => n.starts_with(prefix),
+            None => n == pattern,
+        },
+        Iface::Unknown => {
+            return Pure::Unknown(format!(
+                "the {what} is not known (give it in the packet's entry / out_iface)"
+            ));
+        }
+    };
+    pure(hit ^ negated)
+}
+
+fn conntrack(c: &Conntrack, st: &State) -> Pure {
+    if let Some(s) = &c.state {
+        let mut have = BTreeSet::from([ConnState::New]);
+        if st.ct_dnat {
+            have.insert(ConnState::Dnat);
+        }
+        if st.ct_snat {
+            have.insert(ConnState::Snat);
+        }
+        let hit = s.value.iter().any(|x| have.contains(x));
+        if hit == s.negated {
+            return Pure::No;
+        }
+    }
+    if let Some(s) = &c.status {
+        let hit = st.confirmed && s.value.contains(&CtStatus::Confirmed);
+        if hit == s.negated {
+            return Pure::No;
+        }
+    }
+    Pure::Yes
+}
+
+/// The only family the ruleset's addresses have, if they all have one.
+fn single_family(rules: &Ruleset) -> Option<IpVersion> {
+    let (mut v4, mut v6) = (false, false);
+    let mut see = |ip: IpAddr| match ip {
+        IpAddr::V4(_) => v4 = true,
+        IpAddr::V6(_) => v6 = true,
+    };
+    for t in rules.tables.values() {
+        for c in t.chains.values() {
+            for r in &c.rules {
+                for m in &r.matches {
+                    if let Match::Source { net, .. } | Match::Destination { net, .. } = m {
+                        see(net.addr());
+                    }
+                }
+                if let Some(Target::Dnat(n) | Target::Snat(n)) = &r.target
+                    && let Some((a, _)) = n.to.addrs
+                {
+                    see(a);
+                }
+            }
+        }
+    }
+    match (v4, v6) {
+        (true, false) => Some(IpVersion::V4),
+        (false, true) => Some(IpVersion::V6),
+        _ => None,
+    }
+}

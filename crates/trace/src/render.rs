@@ -1,0 +1,133 @@
+//! [`render_text`]: the human-readable explanation of a [`Trace`].
+
+use std::fmt::Write as _;
+
+use crate::packet::endpoint;
+use crate::result::{Effect, Outcome, Step, Trace, Verdict};
+use crate::{Entry, Packet};
+
+/// Renders `trace` (of `packet`) for an operator: a header line, the steps every branch
+/// shares (one per line: table, chain, the rule as `iptables-save` prints it, and what
+/// it did), then one line per branch (probability, the chain that DNATed it, the new
+/// destination, where it goes, whether it is masqueraded, the verdict), then anything
+/// unknown and the notes.
+///
+/// ```text
+/// packet tcp 192.168.56.100:40000 -> 10.96.138.71:8080 from external (PREROUTING)
+/// nat PREROUTING  -A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+/// ...
+///    50.0%  -> KUBE-SEP-GS5MQAG4332XHLUZ  DNAT 10.0.0.4:80  forwarded, masqueraded, filter ACCEPT
+/// ```
+pub fn render_text(trace: &Trace, packet: &Packet) -> String {
+    let mut out = String::new();
+    let from = match &packet.entry {
+        Entry::Pod { iface } => format!("from a pod{} (PREROUTING)", via(iface.as_deref())),
+        Entry::External { iface } => {
+            format!("from external{} (PREROUTING)", via(iface.as_deref()))
+        }
+        Entry::Node => "from the node (OUTPUT)".to_string(),
+    };
+    let _ = writeln!(
+        out,
+        "packet {} {} -> {} {from}",
+        packet.proto,
+        endpoint(packet.src, packet.sport),
+        endpoint(packet.dst, packet.dport)
+    );
+    let prefix = common_prefix(&trace.outcomes);
+    if let Some(first) = trace.outcomes.first() {
+        for s in &first.steps[..prefix] {
+            let _ = writeln!(out, "{}", step_line(s));
+        }
+    }
+    for o in &trace.outcomes {
+        let _ = writeln!(out, "{}", outcome_line(o, trace));
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for u in trace.outcomes.iter().flat_map(|o| &o.unknown) {
+        if !seen.contains(&u.as_str()) {
+            seen.push(u);
+            let _ = writeln!(out, "unknown: {u}");
+        }
+    }
+    for n in &trace.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    out
+}
+
+fn via(iface: Option<&str>) -> String {
+    iface.map_or_else(String::new, |i| format!(" via {i}"))
+}
+
+/// How many leading steps all outcomes share.
+fn common_prefix(outcomes: &[Outcome]) -> usize {
+    let Some(first) = outcomes.first() else {
+        return 0;
+    };
+    let mut n = first.steps.len();
+    for o in &outcomes[1..] {
+        n = n.min(
+            first
+                .steps
+                .iter()
+                .zip(&o.steps)
+                .take_while(|(a, b)| a == b)
+                .count(),
+        );
+    }
+    n
+}
+
+fn step_line(s: &Step) -> String {
+    let head = format!("{} {}", s.table, s.chain);
+    match s.effect {
+        Effect::Policy => format!("{head}  {} (policy)", s.rule_text),
+        Effect::Return if s.rule_index.is_none() => format!("{head}  (no rule matched: return)"),
+        _ if s.detail.is_empty() => format!("{head}  {}", s.rule_text),
+        _ => format!("{head}  {}  ({})", s.rule_text, s.detail),
+    }
+}
+
+fn outcome_line(o: &Outcome, trace: &Trace) -> String {
+    let target = match o.dnat {
+        Some((ip, port)) => {
+            let chain = o
+                .steps
+                .iter()
+                .rev()
+                .find(|s| s.effect == Effect::Dnat)
+                .map_or("", |s| s.chain.as_str());
+            format!("-> {chain}  DNAT {}", endpoint(ip, port))
+        }
+        None => {
+            let (ip, port) = trace.original_dst;
+            format!("no DNAT ({} unchanged)", endpoint(ip, port))
+        }
+    };
+    let masq = if o.masquerade {
+        "masqueraded"
+    } else {
+        "not masqueraded"
+    };
+    let verdict = match &o.verdict {
+        Verdict::Accept => "filter ACCEPT".to_string(),
+        v => {
+            let by = o
+                .steps
+                .iter()
+                .rev()
+                .find(|s| matches!(s.effect, Effect::Drop | Effect::Reject | Effect::Policy));
+            match by {
+                Some(s) => format!("{} {v} in {}", s.table, s.chain),
+                None => v.to_string(),
+            }
+        }
+    };
+    let flag = if o.uncertain { "  [uncertain]" } else { "" };
+    format!(
+        "  {:5.1}%  {target}  {}, {masq}, {verdict}{flag}",
+        o.probability * 100.0,
+        o.delivery
+    )
+}
