@@ -28,6 +28,91 @@ pub enum Command {
     /// Build a network-namespace sandbox (client, node, backends), run the proxy in it, send
     /// requests to every Service and report which backends answered. Needs root.
     Sandbox(SandboxArgs),
+    /// Explain where a packet goes through iptables rules: this node's (`--live`) or a dump
+    /// from any kube-proxy (`--rules FILE`, `iptables-save` output, partial dumps accepted).
+    Trace(TraceArgs),
+}
+
+/// `trace --proto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TraceProto {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+    /// ICMP echo (a ping).
+    Icmp,
+}
+
+/// `trace --from`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TraceFrom {
+    /// A pod on this node (the packet enters through PREROUTING); needs --src.
+    Pod,
+    /// A process on the node itself (OUTPUT).
+    Node,
+    /// A client outside the node (PREROUTING).
+    External,
+}
+
+/// Flags of `trace`.
+#[derive(Debug, Args)]
+pub struct TraceArgs {
+    /// An `iptables-save` (or `ip6tables-save`) dump; `-` reads standard input.
+    #[arg(long, value_name = "FILE", required_unless_present = "live", conflicts_with = "live")]
+    pub rules: Option<PathBuf>,
+
+    /// Read this node's rules (`iptables-save`), addresses and ipsets. Needs root.
+    #[arg(long)]
+    pub live: bool,
+
+    /// Source address (default: 203.0.113.1 from outside, the node's address from the node).
+    #[arg(long)]
+    pub src: Option<std::net::IpAddr>,
+
+    /// Destination address: a ClusterIP, node IP, external or load-balancer IP.
+    #[arg(long)]
+    pub dst: std::net::IpAddr,
+
+    /// Destination port (not for ICMP).
+    #[arg(long)]
+    pub dport: Option<u16>,
+
+    /// Source port.
+    #[arg(long, default_value_t = 40000)]
+    pub sport: u16,
+
+    /// Protocol.
+    #[arg(long, value_enum, default_value = "tcp")]
+    pub proto: TraceProto,
+
+    /// Where the packet comes from.
+    #[arg(long, value_enum, default_value = "external")]
+    pub from: TraceFrom,
+
+    /// The interface the packet arrives on (for `-i` matches, e.g. the pod bridge).
+    #[arg(long, value_name = "NAME")]
+    pub iface: Option<String>,
+
+    /// The node's addresses, for `--dst-type LOCAL` (NodePorts) in a dump from another
+    /// node; comma-separated or repeated. With --live they are read from the node.
+    #[arg(long, value_name = "IP", value_delimiter = ',')]
+    pub node_ip: Vec<std::net::IpAddr>,
+
+    /// `ipset save` output, for `-m set` matches (read automatically with --live).
+    #[arg(long, value_name = "FILE")]
+    pub ipsets: Option<PathBuf>,
+
+    /// Whether net.ipv4.conf.all.route_localnet is 1 on that node (default: read with
+    /// --live; for a dump, assumed when it has kube-proxy's localnet guard rule).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set)]
+    pub route_localnet: Option<bool>,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `--proxy-mode`.

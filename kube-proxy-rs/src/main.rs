@@ -5,6 +5,7 @@
 mod cli;
 mod proxy;
 mod sandbox;
+mod trace;
 
 use std::process::ExitCode;
 
@@ -34,6 +35,10 @@ fn main() -> ExitCode {
         Some(Command::Sandbox(args)) => {
             init_tracing(0);
             sandbox::run(args)
+        }
+        Some(Command::Trace(args)) => {
+            init_tracing(0);
+            trace::run(args)
         }
         None => {
             init_tracing(cli.proxy.verbosity);

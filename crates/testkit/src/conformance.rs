@@ -14,7 +14,7 @@
 //! | what | address |
 //! |---|---|
 //! | this node (`node-a`) | `192.168.56.10` (eth0), `10.0.1.1` (pod gateway), `127.0.0.1`; `fd00:56::10` |
-//! | cluster (pod) CIDR | `10.0.0.0/16` (`fd00:10::/48`); this node's pods `10.0.1.0/24` |
+//! | cluster (pod) CIDR | `10.0.0.0/16` (`fd00:10::/32`); this node's pods `10.0.1.0/24` |
 //! | a local pod (client) | `10.0.1.50` on `veth-a` / bridge `cbr0`; `fd00:10:1::50` |
 //! | local endpoints | `10.0.1.4`, `10.0.1.5` (`fd00:10:1::4`) |
 //! | remote endpoints (`node-b`) | `10.0.2.5`, `10.0.2.6` (`fd00:10:2::5`) |
@@ -92,7 +92,7 @@ pub enum Proto {
 /// `--detect-local-mode` and its parameter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DetectLocal {
-    /// `ClusterCIDR` with `--cluster-cidr 10.0.0.0/16,fd00:10::/48`.
+    /// `ClusterCIDR` with `--cluster-cidr 10.0.0.0/16,fd00:10::/32`.
     ClusterCidr,
     /// `NodeCIDR` (the Node's `podCIDRs`: `10.0.1.0/24`, `fd00:10:1::/64`).
     NodeCidr,
@@ -154,7 +154,7 @@ pub const NODE_IP: &str = "192.168.56.10";
 /// This node's main IPv6 address.
 pub const NODE_IP6: &str = "fd00:56::10";
 /// The cluster CIDRs for `--cluster-cidr`.
-pub const CLUSTER_CIDRS: [&str; 2] = ["10.0.0.0/16", "fd00:10::/48"];
+pub const CLUSTER_CIDRS: [&str; 2] = ["10.0.0.0/16", "fd00:10::/32"];
 /// The pod bridge for `BridgeInterface`.
 pub const POD_BRIDGE: &str = "cbr0";
 /// The pod interface prefix for `InterfaceNamePrefix`.

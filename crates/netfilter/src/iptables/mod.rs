@@ -15,6 +15,7 @@
 //! # Ok::<(), kp_netfilter::Error>(())
 //! ```
 
+mod complete;
 mod fake;
 mod ir;
 mod parse;
@@ -22,6 +23,7 @@ mod runner;
 mod spec;
 mod tokenize;
 
+pub use complete::complete_partial_save;
 pub use fake::FakeIptables;
 pub use ir::{
     AddrKind, AddrType, Chain, Cidr, ConnState, Conntrack, Counters, CtStatus, HOOK_ORDER,

@@ -5,86 +5,12 @@
 
 use std::net::IpAddr;
 
-use kp_netfilter::{Ruleset, Table, is_target_name, parse_save, tokenize};
+use kp_netfilter::{Ruleset, parse_save};
 use kp_trace::{Entry, Host};
 
-/// Completes a partial dump: drops `#` lines, declares every builtin chain of each table
-/// (policy ACCEPT unless the text declares it) and every user chain that a rule is
-/// appended to or jumps to, and closes each table with `COMMIT`.
+/// Completes a partial dump (see [`kp_netfilter::complete_partial_save`]).
 pub fn complete_dump(text: &str) -> String {
-    struct Section {
-        table: Table,
-        declared: Vec<String>,
-        chains: Vec<String>,
-        rules: Vec<String>,
-    }
-    let mut sections: Vec<Section> = Vec::new();
-    for raw in text.lines() {
-        let l = raw.trim();
-        if l.is_empty() || l.starts_with('#') || l == "COMMIT" {
-            continue;
-        }
-        if let Some(name) = l.strip_prefix('*') {
-            let table = Table::from_name(name).expect("table name");
-            sections.push(Section {
-                table,
-                declared: Vec::new(),
-                chains: Vec::new(),
-                rules: Vec::new(),
-            });
-            continue;
-        }
-        let s = sections.last_mut().expect("rule before *table");
-        if let Some(decl) = l.strip_prefix(':') {
-            let name = decl.split_whitespace().next().expect("chain name");
-            s.declared.push(l.to_string());
-            s.chains.retain(|c| c != name);
-            s.chains.push(format!("!{name}"));
-            continue;
-        }
-        let toks = tokenize(l).expect("tokenize");
-        let mut add = |c: &str| {
-            let declared = s.chains.iter().any(|x| x == c || x == &format!("!{c}"));
-            if !declared && !s.table.is_builtin_chain(c) {
-                s.chains.push(c.to_string());
-            }
-        };
-        if let Some(c) = toks.get(1) {
-            add(c);
-        }
-        for w in toks.windows(2) {
-            if (w[0] == "-j" || w[0] == "-g") && !is_target_name(&w[1]) {
-                add(&w[1]);
-            }
-        }
-        s.rules.push(l.to_string());
-    }
-    let mut out = String::new();
-    for s in sections {
-        out.push_str(&format!("*{}\n", s.table));
-        for b in s.table.builtin_chains() {
-            if !s
-                .declared
-                .iter()
-                .any(|d| d[1..].split_whitespace().next() == Some(b))
-            {
-                out.push_str(&format!(":{b} ACCEPT [0:0]\n"));
-            }
-        }
-        for d in &s.declared {
-            out.push_str(d);
-            out.push('\n');
-        }
-        for c in s.chains.iter().filter(|c| !c.starts_with('!')) {
-            out.push_str(&format!(":{c} - [0:0]\n"));
-        }
-        for r in &s.rules {
-            out.push_str(r);
-            out.push('\n');
-        }
-        out.push_str("COMMIT\n");
-    }
-    out
+    kp_netfilter::complete_partial_save(text).expect("completable dump").0
 }
 
 /// Parses a partial dump after completing it.

@@ -1,0 +1,160 @@
+//! The packet-flow conformance table (`kp_testkit::conformance`) run through the tracer
+//! against the rules each mode renders. No kernel needed: rules go through the checking fake
+//! and come back as an `iptables-save` text, exactly what the tracer reads from a live node.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use kp_model::{Changes, IpFamily};
+use kp_netfilter::{FakeIptables, IpVersion, Iptables, parse_save};
+use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
+use kp_proxier::{FakeHost, Host, LocalDetector, NodePortAddresses, Proxier};
+use kp_testkit::builders::snapshot_with_node;
+use kp_testkit::conformance::{
+    CLUSTER_CIDRS, DetectLocal, Expect, From, NODE, POD_BRIDGE, POD_PREFIX, Proto, Row, Scenario, Settings, scenarios,
+};
+use kp_trace::{Entry, Packet, Trace, Verdict, trace};
+
+const MODE: &str = "iptables";
+
+fn iptables_config(s: &Settings) -> IptablesConfig {
+    IptablesConfig {
+        masquerade_all: s.masquerade_all,
+        local_detector: match s.detect_local {
+            DetectLocal::ClusterCidr => LocalDetector::Cidrs(CLUSTER_CIDRS.iter().map(|c| c.parse().unwrap()).collect()),
+            DetectLocal::NodeCidr => LocalDetector::NodeCidr,
+            DetectLocal::BridgeInterface => LocalDetector::BridgeInterface(POD_BRIDGE.to_string()),
+            DetectLocal::InterfaceNamePrefix => LocalDetector::InterfaceNamePrefix(POD_PREFIX.to_string()),
+            DetectLocal::None => LocalDetector::None,
+        },
+        nodeport_addresses: NodePortAddresses::parse(&s.nodeport_addresses).unwrap(),
+        localhost_nodeports: s.localhost_nodeports,
+        ..IptablesConfig::default()
+    }
+}
+
+/// The rules iptables mode writes for `scn` in `family`, read back as the kernel would print
+/// them, and whether it enabled `route_localnet`.
+fn rules(scn: &Scenario, family: IpFamily) -> (kp_netfilter::Ruleset, bool) {
+    let snap = snapshot_with_node(family, NODE, Some(scn.node.clone()), scn.services.clone(), scn.slices.clone());
+    let version = match family {
+        IpFamily::V4 => IpVersion::V4,
+        IpFamily::V6 => IpVersion::V6,
+    };
+    let host = Arc::new(FakeHost::with_addresses(scn.local_addrs.clone()));
+    let mut proxier =
+        IptablesProxier::new(family, iptables_config(&scn.settings), FakeIptables::new(version), host.clone()).unwrap();
+    proxier.sync(&snap, &Changes::default()).unwrap();
+    let saved = proxier.runner().save(None).unwrap();
+    let route_localnet = host.get_sysctl("net/ipv4/conf/all/route_localnet").as_deref() == Some("1");
+    (parse_save(&saved).unwrap(), route_localnet)
+}
+
+fn packet(row: &Row) -> Packet {
+    let entry = match &row.from {
+        From::Pod { iface } => Entry::Pod { iface: Some(iface.to_string()) },
+        From::External => Entry::External { iface: Some("eth0".to_string()) },
+        From::Node => Entry::Node,
+    };
+    match row.proto {
+        Proto::Icmp => Packet::ping(row.src, row.dst, entry),
+        Proto::L4(kp_model::Protocol::Tcp) => Packet::tcp(row.src, 40000, row.dst, row.port, entry),
+        Proto::L4(kp_model::Protocol::Udp) => Packet::udp(row.src, 40000, row.dst, row.port, entry),
+        Proto::L4(kp_model::Protocol::Sctp) => {
+            let mut p = Packet::tcp(row.src, 40000, row.dst, row.port, entry);
+            p.proto = kp_trace::Proto::Sctp;
+            p
+        }
+    }
+}
+
+/// Compares a trace with the expectation; `Err` says what differs.
+fn check(expect: &Expect, t: &Trace) -> Result<(), String> {
+    if t.is_uncertain() {
+        let unknown: Vec<&String> = t.outcomes.iter().flat_map(|o| &o.unknown).collect();
+        return Err(format!("the trace is uncertain: {unknown:?}"));
+    }
+    let describe = || {
+        t.outcomes
+            .iter()
+            .map(|o| format!("{:.3} dnat={:?} masq={} {:?} {:?}", o.probability, o.dnat, o.masquerade, o.verdict, o.delivery))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    match expect {
+        Expect::Backends(list) => {
+            let mut got: BTreeMap<(String, bool), f64> = BTreeMap::new();
+            for o in &t.outcomes {
+                let Some((ip, port)) = o.dnat else {
+                    return Err(format!("a branch is not DNATed: {}", describe()));
+                };
+                if o.verdict != Verdict::Accept || o.delivery == kp_trace::Delivery::Dropped {
+                    return Err(format!("a branch is not delivered: {}", describe()));
+                }
+                let to = SocketAddr::new(ip, port.unwrap_or(0)).to_string();
+                *got.entry((to, o.masquerade)).or_default() += o.probability;
+            }
+            let want: BTreeMap<(String, bool), f64> =
+                list.iter().map(|(ep, m)| ((ep.to_string(), *m), 1.0 / list.len() as f64)).collect();
+            let same_keys = got.keys().eq(want.keys());
+            let uniform = got.iter().all(|(k, p)| want.get(k).is_some_and(|w| (p - w).abs() < 1e-6));
+            if !same_keys || !uniform {
+                return Err(format!("expected {want:?}, got {got:?}"));
+            }
+        }
+        Expect::Drop => {
+            if !t.outcomes.iter().all(|o| o.verdict == Verdict::Drop) {
+                return Err(format!("expected DROP: {}", describe()));
+            }
+        }
+        Expect::Reject => {
+            if !t.outcomes.iter().all(|o| matches!(o.verdict, Verdict::Reject(_))) {
+                return Err(format!("expected REJECT: {}", describe()));
+            }
+        }
+        Expect::Unchanged => {
+            let ok = t.outcomes.iter().all(|o| {
+                o.dnat.is_none()
+                    && !o.masquerade
+                    && o.verdict == Verdict::Accept
+                    && o.delivery != kp_trace::Delivery::Dropped
+            });
+            if !ok {
+                return Err(format!("expected the packet untouched: {}", describe()));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn conformance_table_iptables_mode() {
+    let mut failures = Vec::new();
+    let mut passed = 0;
+    for scn in scenarios() {
+        let by_family: BTreeMap<IpFamily, (kp_netfilter::Ruleset, bool)> =
+            [IpFamily::V4, IpFamily::V6].into_iter().map(|f| (f, rules(&scn, f))).collect();
+        for row in &scn.rows {
+            let (ruleset, route_localnet) = &by_family[&IpFamily::of(&row.dst)];
+            let mut host = kp_trace::Host::new(scn.local_addrs.iter().copied().collect::<Vec<IpAddr>>());
+            host.route_localnet = *route_localnet;
+            let expect = row
+                .exceptions
+                .iter()
+                .find(|(mode, _, _)| *mode == MODE)
+                .map(|(_, e, _)| e)
+                .unwrap_or(&row.expect);
+            let pkt = packet(row);
+            match trace(ruleset, &host, &pkt).map_err(|e| e.to_string()).and_then(|t| check(expect, &t).map(|()| t)) {
+                Ok(_) => passed += 1,
+                Err(e) => {
+                    let text = trace(ruleset, &host, &pkt).map(|t| kp_trace::render_text(&t, &pkt)).unwrap_or_default();
+                    failures.push(format!("[{}] {}: {e}\n{text}", scn.name, row.name));
+                }
+            }
+        }
+    }
+    eprintln!("conformance ({MODE}): {passed} rows passed, {} failed", failures.len());
+    assert!(failures.is_empty(), "{} rows failed:\n\n{}", failures.len(), failures.join("\n\n"));
+}
