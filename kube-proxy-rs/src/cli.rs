@@ -61,7 +61,12 @@ pub enum TraceFrom {
 #[derive(Debug, Args)]
 pub struct TraceArgs {
     /// An `iptables-save` (or `ip6tables-save`) dump; `-` reads standard input.
-    #[arg(long, value_name = "FILE", required_unless_present = "live", conflicts_with = "live")]
+    #[arg(
+        long,
+        value_name = "FILE",
+        required_unless_present = "live",
+        conflicts_with = "live"
+    )]
     pub rules: Option<PathBuf>,
 
     /// Read this node's rules (`iptables-save`), addresses and ipsets. Needs root.

@@ -299,7 +299,11 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 });
             } else {
                 let ipt = ExecIptables::new(version, backend);
-                let proxier = IptablesProxier::new(family, cfg.clone(), ipt, Arc::new(RealHost))?;
+                let mut proxier = IptablesProxier::new(family, cfg.clone(), ipt, Arc::new(RealHost))?;
+                match kp_netlink::Conntrack::new() {
+                    Ok(ct) => proxier = proxier.with_conntrack(Box::new(ct)),
+                    Err(e) => warn!(%family, error = %e, "no netlink conntrack access: stale UDP conntrack entries will not be cleaned up"),
+                }
                 let sync_loop = SyncLoop::new(tracker, proxier, runner);
                 loops.spawn(async move {
                     (family, sync_loop.run(frx, mode, shutdown).await.map(|_| ()))

@@ -24,10 +24,15 @@ fn read_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<String> {
             .save(None)
             .map_err(|e| anyhow!("reading this node's rules: {e}"));
     }
-    let path = args.rules.as_ref().ok_or_else(|| anyhow!("pass --rules FILE or --live"))?;
+    let path = args
+        .rules
+        .as_ref()
+        .ok_or_else(|| anyhow!("pass --rules FILE or --live"))?;
     if path.as_os_str() == "-" {
         let mut s = String::new();
-        std::io::stdin().read_to_string(&mut s).context("reading rules from standard input")?;
+        std::io::stdin()
+            .read_to_string(&mut s)
+            .context("reading rules from standard input")?;
         Ok(s)
     } else {
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
@@ -57,16 +62,27 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
 
     let mut local: Vec<IpAddr> = args.node_ip.clone();
     if args.live {
-        local.extend(RealHost.local_addresses().context("reading this node's addresses")?);
+        local.extend(
+            RealHost
+                .local_addresses()
+                .context("reading this node's addresses")?,
+        );
     }
     let mut host = Host::new(local.iter().copied());
     host.route_localnet = match (args.route_localnet, args.live) {
         (Some(v), _) => v,
-        (None, true) => RealHost.get_sysctl("net/ipv4/conf/all/route_localnet").as_deref() == Some("1"),
+        (None, true) => {
+            RealHost
+                .get_sysctl("net/ipv4/conf/all/route_localnet")
+                .as_deref()
+                == Some("1")
+        }
         (None, false) => text.contains(LOCALNET_GUARD),
     };
     let ipsets = match (&args.ipsets, args.live) {
-        (Some(p), _) => Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?),
+        (Some(p), _) => {
+            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+        }
         (None, true) => std::process::Command::new("ipset")
             .arg("save")
             .output()
@@ -76,7 +92,8 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         (None, false) => None,
     };
     if let Some(text) = ipsets {
-        host.load_ipset_save(&text).map_err(|e| anyhow!("ipsets: {e}"))?;
+        host.load_ipset_save(&text)
+            .map_err(|e| anyhow!("ipsets: {e}"))?;
     }
 
     let same_family = |ip: &IpAddr| ip.is_ipv4() == args.dst.is_ipv4();
@@ -84,26 +101,43 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         (Some(s), _) => s,
         (None, TraceFrom::Pod) => bail!("--from pod needs --src (the pod's IP address)"),
         (None, TraceFrom::External) => {
-            if args.dst.is_ipv4() { "203.0.113.1".parse()? } else { "2001:db8::1".parse()? }
+            if args.dst.is_ipv4() {
+                "203.0.113.1".parse()?
+            } else {
+                "2001:db8::1".parse()?
+            }
         }
         (None, TraceFrom::Node) => local
             .iter()
             .copied()
             .find(|ip| same_family(ip) && !ip.is_loopback())
-            .unwrap_or(if args.dst.is_ipv4() { "127.0.0.1".parse()? } else { "::1".parse()? }),
+            .unwrap_or(if args.dst.is_ipv4() {
+                "127.0.0.1".parse()?
+            } else {
+                "::1".parse()?
+            }),
     };
     if !same_family(&src) {
-        bail!("--src {src} and --dst {} are of different IP families", args.dst);
+        bail!(
+            "--src {src} and --dst {} are of different IP families",
+            args.dst
+        );
     }
     let entry = match args.from {
-        TraceFrom::Pod => Entry::Pod { iface: args.iface.clone() },
-        TraceFrom::External => Entry::External { iface: args.iface.clone().or_else(|| Some("eth0".to_string())) },
+        TraceFrom::Pod => Entry::Pod {
+            iface: args.iface.clone(),
+        },
+        TraceFrom::External => Entry::External {
+            iface: args.iface.clone().or_else(|| Some("eth0".to_string())),
+        },
         TraceFrom::Node => Entry::Node,
     };
     let packet = match args.proto {
         TraceProto::Icmp => Packet::ping(src, args.dst, entry),
         proto => {
-            let dport = args.dport.ok_or_else(|| anyhow!("--dport is required for {proto:?}"))?;
+            let dport = args
+                .dport
+                .ok_or_else(|| anyhow!("--dport is required for {proto:?}"))?;
             let mut p = Packet::tcp(src, args.sport, args.dst, dport, entry);
             p.proto = match proto {
                 TraceProto::Udp => kp_trace::Proto::Udp,

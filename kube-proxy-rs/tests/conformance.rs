@@ -12,7 +12,8 @@ use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
 use kp_proxier::{FakeHost, Host, LocalDetector, NodePortAddresses, Proxier};
 use kp_testkit::builders::snapshot_with_node;
 use kp_testkit::conformance::{
-    CLUSTER_CIDRS, DetectLocal, Expect, From, NODE, POD_BRIDGE, POD_PREFIX, Proto, Row, Scenario, Settings, scenarios,
+    CLUSTER_CIDRS, DetectLocal, Expect, From, NODE, POD_BRIDGE, POD_PREFIX, Proto, Row, Scenario,
+    Settings, scenarios,
 };
 use kp_trace::{Entry, Packet, Trace, Verdict, trace};
 
@@ -22,10 +23,14 @@ fn iptables_config(s: &Settings) -> IptablesConfig {
     IptablesConfig {
         masquerade_all: s.masquerade_all,
         local_detector: match s.detect_local {
-            DetectLocal::ClusterCidr => LocalDetector::Cidrs(CLUSTER_CIDRS.iter().map(|c| c.parse().unwrap()).collect()),
+            DetectLocal::ClusterCidr => {
+                LocalDetector::Cidrs(CLUSTER_CIDRS.iter().map(|c| c.parse().unwrap()).collect())
+            }
             DetectLocal::NodeCidr => LocalDetector::NodeCidr,
             DetectLocal::BridgeInterface => LocalDetector::BridgeInterface(POD_BRIDGE.to_string()),
-            DetectLocal::InterfaceNamePrefix => LocalDetector::InterfaceNamePrefix(POD_PREFIX.to_string()),
+            DetectLocal::InterfaceNamePrefix => {
+                LocalDetector::InterfaceNamePrefix(POD_PREFIX.to_string())
+            }
             DetectLocal::None => LocalDetector::None,
         },
         nodeport_addresses: NodePortAddresses::parse(&s.nodeport_addresses).unwrap(),
@@ -37,24 +42,42 @@ fn iptables_config(s: &Settings) -> IptablesConfig {
 /// The rules iptables mode writes for `scn` in `family`, read back as the kernel would print
 /// them, and whether it enabled `route_localnet`.
 fn rules(scn: &Scenario, family: IpFamily) -> (kp_netfilter::Ruleset, bool) {
-    let snap = snapshot_with_node(family, NODE, Some(scn.node.clone()), scn.services.clone(), scn.slices.clone());
+    let snap = snapshot_with_node(
+        family,
+        NODE,
+        Some(scn.node.clone()),
+        scn.services.clone(),
+        scn.slices.clone(),
+    );
     let version = match family {
         IpFamily::V4 => IpVersion::V4,
         IpFamily::V6 => IpVersion::V6,
     };
     let host = Arc::new(FakeHost::with_addresses(scn.local_addrs.clone()));
-    let mut proxier =
-        IptablesProxier::new(family, iptables_config(&scn.settings), FakeIptables::new(version), host.clone()).unwrap();
+    let mut proxier = IptablesProxier::new(
+        family,
+        iptables_config(&scn.settings),
+        FakeIptables::new(version),
+        host.clone(),
+    )
+    .unwrap();
     proxier.sync(&snap, &Changes::default()).unwrap();
     let saved = proxier.runner().save(None).unwrap();
-    let route_localnet = host.get_sysctl("net/ipv4/conf/all/route_localnet").as_deref() == Some("1");
+    let route_localnet = host
+        .get_sysctl("net/ipv4/conf/all/route_localnet")
+        .as_deref()
+        == Some("1");
     (parse_save(&saved).unwrap(), route_localnet)
 }
 
 fn packet(row: &Row) -> Packet {
     let entry = match &row.from {
-        From::Pod { iface } => Entry::Pod { iface: Some(iface.to_string()) },
-        From::External => Entry::External { iface: Some("eth0".to_string()) },
+        From::Pod { iface } => Entry::Pod {
+            iface: Some(iface.to_string()),
+        },
+        From::External => Entry::External {
+            iface: Some("eth0".to_string()),
+        },
         From::Node => Entry::Node,
     };
     match row.proto {
@@ -78,7 +101,12 @@ fn check(expect: &Expect, t: &Trace) -> Result<(), String> {
     let describe = || {
         t.outcomes
             .iter()
-            .map(|o| format!("{:.3} dnat={:?} masq={} {:?} {:?}", o.probability, o.dnat, o.masquerade, o.verdict, o.delivery))
+            .map(|o| {
+                format!(
+                    "{:.3} dnat={:?} masq={} {:?} {:?}",
+                    o.probability, o.dnat, o.masquerade, o.verdict, o.delivery
+                )
+            })
             .collect::<Vec<_>>()
             .join("; ")
     };
@@ -95,10 +123,14 @@ fn check(expect: &Expect, t: &Trace) -> Result<(), String> {
                 let to = SocketAddr::new(ip, port.unwrap_or(0)).to_string();
                 *got.entry((to, o.masquerade)).or_default() += o.probability;
             }
-            let want: BTreeMap<(String, bool), f64> =
-                list.iter().map(|(ep, m)| ((ep.to_string(), *m), 1.0 / list.len() as f64)).collect();
+            let want: BTreeMap<(String, bool), f64> = list
+                .iter()
+                .map(|(ep, m)| ((ep.to_string(), *m), 1.0 / list.len() as f64))
+                .collect();
             let same_keys = got.keys().eq(want.keys());
-            let uniform = got.iter().all(|(k, p)| want.get(k).is_some_and(|w| (p - w).abs() < 1e-6));
+            let uniform = got
+                .iter()
+                .all(|(k, p)| want.get(k).is_some_and(|w| (p - w).abs() < 1e-6));
             if !same_keys || !uniform {
                 return Err(format!("expected {want:?}, got {got:?}"));
             }
@@ -109,7 +141,11 @@ fn check(expect: &Expect, t: &Trace) -> Result<(), String> {
             }
         }
         Expect::Reject => {
-            if !t.outcomes.iter().all(|o| matches!(o.verdict, Verdict::Reject(_))) {
+            if !t
+                .outcomes
+                .iter()
+                .all(|o| matches!(o.verdict, Verdict::Reject(_)))
+            {
                 return Err(format!("expected REJECT: {}", describe()));
             }
         }
@@ -134,10 +170,14 @@ fn conformance_table_iptables_mode() {
     let mut passed = 0;
     for scn in scenarios() {
         let by_family: BTreeMap<IpFamily, (kp_netfilter::Ruleset, bool)> =
-            [IpFamily::V4, IpFamily::V6].into_iter().map(|f| (f, rules(&scn, f))).collect();
+            [IpFamily::V4, IpFamily::V6]
+                .into_iter()
+                .map(|f| (f, rules(&scn, f)))
+                .collect();
         for row in &scn.rows {
             let (ruleset, route_localnet) = &by_family[&IpFamily::of(&row.dst)];
-            let mut host = kp_trace::Host::new(scn.local_addrs.iter().copied().collect::<Vec<IpAddr>>());
+            let mut host =
+                kp_trace::Host::new(scn.local_addrs.iter().copied().collect::<Vec<IpAddr>>());
             host.route_localnet = *route_localnet;
             let expect = row
                 .exceptions
@@ -146,15 +186,28 @@ fn conformance_table_iptables_mode() {
                 .map(|(_, e, _)| e)
                 .unwrap_or(&row.expect);
             let pkt = packet(row);
-            match trace(ruleset, &host, &pkt).map_err(|e| e.to_string()).and_then(|t| check(expect, &t).map(|()| t)) {
+            match trace(ruleset, &host, &pkt)
+                .map_err(|e| e.to_string())
+                .and_then(|t| check(expect, &t).map(|()| t))
+            {
                 Ok(_) => passed += 1,
                 Err(e) => {
-                    let text = trace(ruleset, &host, &pkt).map(|t| kp_trace::render_text(&t, &pkt)).unwrap_or_default();
+                    let text = trace(ruleset, &host, &pkt)
+                        .map(|t| kp_trace::render_text(&t, &pkt))
+                        .unwrap_or_default();
                     failures.push(format!("[{}] {}: {e}\n{text}", scn.name, row.name));
                 }
             }
         }
     }
-    eprintln!("conformance ({MODE}): {passed} rows passed, {} failed", failures.len());
-    assert!(failures.is_empty(), "{} rows failed:\n\n{}", failures.len(), failures.join("\n\n"));
+    eprintln!(
+        "conformance ({MODE}): {passed} rows passed, {} failed",
+        failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} rows failed:\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }

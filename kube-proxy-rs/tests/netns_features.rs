@@ -233,3 +233,123 @@ fn service_features_with_real_traffic() {
         );
     }
 }
+
+#[test]
+fn udp_conntrack_entries_follow_endpoint_changes() {
+    if !require_root() {
+        return;
+    }
+    let plan = FamilyPlan {
+        pod_cidr: "10.0.0.0/16".parse().unwrap(),
+        ..FamilyPlan::ipv4()
+    };
+    let topology = Topology::builder()
+        .family(plan)
+        .backend(vec!["10.0.1.4".parse().unwrap()])
+        .backend(vec!["10.0.2.5".parse().unwrap()])
+        .build()
+        .unwrap();
+    let mut udp = Vec::new();
+    for b in topology.backends() {
+        udp.push(
+            UdpEchoBackend::start(b.ns(), SocketAddr::new(b.ips()[0], 5353), b.name()).unwrap(),
+        );
+    }
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: dns, namespace: default}\nspec:\n  clusterIP: 10.96.0.53\n  ports: [{name: dns, port: 53, targetPort: 5353, protocol: UDP}]\n";
+    let slice = |ip: &str, node: &str| {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: dns-1\n  namespace: default\n  labels: {{kubernetes.io/service-name: dns}}\naddressType: IPv4\nendpoints:\n- addresses: [{ip}]\n  nodeName: {node}\nports: [{{name: dns, port: 5353, protocol: UDP}}]\n"
+        )
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("kp-udp-")
+        .tempdir()
+        .unwrap();
+    let manifest = dir.path().join("dns.yaml");
+    std::fs::write(
+        &manifest,
+        format!("{service}{}", slice("10.0.1.4", "k8s-master")),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("proxy.log")).unwrap();
+    let mut cmd = topology.node().command(BIN);
+    cmd.args([
+        "--hostname-override=k8s-master",
+        "--cluster-cidr=10.0.0.0/16",
+        "--iptables-min-sync-period=200ms",
+        "--manifests",
+    ])
+    .arg(&manifest)
+    .stdin(Stdio::null())
+    .stdout(log.try_clone().unwrap())
+    .stderr(log);
+    let mut proxy = ChildGuard::spawn(&mut cmd, "kube-proxy-rs").unwrap();
+    let node = topology.node();
+    proxy
+        .wait_for(
+            || {
+                node.run("iptables-save", ["-t", "nat"])
+                    .is_ok_and(|s| s.contains("10.0.1.4:5353"))
+            },
+            Duration::from_secs(20),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log(dir.path())));
+
+    // A resolver-like client: one socket, one source port, a query every 100 ms.
+    let vip: SocketAddr = "10.96.0.53:53".parse().unwrap();
+    let client = UdpClient::bind(topology.client(), "0.0.0.0:45353".parse().unwrap()).unwrap();
+    for _ in 0..5 {
+        assert_eq!(
+            client
+                .request(vip, b"q", Duration::from_secs(2))
+                .unwrap()
+                .text(),
+            "be0"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The endpoint moves from be0 to be1; be0 stays up, so only conntrack could keep the
+    // client on it.
+    let tmp = dir.path().join(".dns.yaml.tmp");
+    std::fs::write(&tmp, format!("{service}{}", slice("10.0.2.5", "node-b"))).unwrap();
+    std::fs::rename(&tmp, &manifest).unwrap();
+    let start = std::time::Instant::now();
+    let mut moved = false;
+    while start.elapsed() < Duration::from_secs(5) {
+        if client
+            .request(vip, b"q", Duration::from_secs(1))
+            .map(|r| r.text())
+            .ok()
+            .as_deref()
+            == Some("be1")
+        {
+            moved = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        moved,
+        "the client's conntrack entry still points at be0\n{}",
+        read_log(dir.path())
+    );
+    eprintln!(
+        "the same source port reached the new endpoint after {:?}",
+        start.elapsed()
+    );
+    assert!(
+        read_log(dir.path()).contains("deleted stale UDP conntrack entries"),
+        "{}",
+        read_log(dir.path())
+    );
+    for _ in 0..5 {
+        assert_eq!(
+            client
+                .request(vip, b"q", Duration::from_secs(2))
+                .unwrap()
+                .text(),
+            "be1"
+        );
+    }
+    drop(udp);
+}

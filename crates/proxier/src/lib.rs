@@ -5,9 +5,10 @@
 //! the kernel in one atomic transaction per sync. Each mode lives in its own module with the
 //! same file set (`names.rs`, `render.rs`, `reconcile.rs`); today: [`iptables`].
 //!
-//! Shared pieces: [`LocalDetector`] (`--detect-local-mode`), [`NodePortAddresses`]
+//! Shared pieces: [`conntrack`] (UDP stale-entry cleanup after a sync), [`LocalDetector`] (`--detect-local-mode`), [`NodePortAddresses`]
 //! (`--nodeport-addresses`) and the [`Host`] seam (local addresses, sysctls).
 
+pub mod conntrack;
 pub mod host;
 pub mod iptables;
 pub mod local;
@@ -94,6 +95,8 @@ pub struct SyncReport {
     pub render_time: Duration,
     /// Time spent in the kernel tool (reading state and applying).
     pub apply_time: Duration,
+    /// Stale UDP conntrack entries deleted after the sync.
+    pub conntrack_deleted: usize,
 }
 
 /// A proxy mode for one IP family.

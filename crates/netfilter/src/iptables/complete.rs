@@ -33,15 +33,25 @@ pub fn complete_partial_save(text: &str) -> Result<(String, usize), ParseError> 
             continue;
         }
         if let Some(name) = l.strip_prefix('*') {
-            let table = Table::from_name(name.trim()).ok_or_else(|| ParseError::new(line, format!("unknown table {name:?}")))?;
-            sections.push(Section { table, declared: Vec::new(), chains: Vec::new(), rules: Vec::new() });
+            let table = Table::from_name(name.trim())
+                .ok_or_else(|| ParseError::new(line, format!("unknown table {name:?}")))?;
+            sections.push(Section {
+                table,
+                declared: Vec::new(),
+                chains: Vec::new(),
+                rules: Vec::new(),
+            });
             continue;
         }
         let Some(s) = sections.last_mut() else {
             return Err(ParseError::new(line, "a rule before any *table line"));
         };
         if let Some(decl) = l.strip_prefix(':') {
-            let name = decl.split_whitespace().next().unwrap_or_default().to_string();
+            let name = decl
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string();
             s.chains.retain(|c| *c != name);
             s.declared.push((name, l.to_string()));
             continue;
@@ -115,6 +125,11 @@ mod tests {
     fn errors_name_the_line() {
         assert_eq!(complete_partial_save("-A X -j Y\n").unwrap_err().line, 1);
         assert_eq!(complete_partial_save("*bogus\n").unwrap_err().line, 1);
-        assert_eq!(complete_partial_save("*nat\n-A X -m comment --comment \"open\n").unwrap_err().line, 2);
+        assert_eq!(
+            complete_partial_save("*nat\n-A X -m comment --comment \"open\n")
+                .unwrap_err()
+                .line,
+            2
+        );
     }
 }

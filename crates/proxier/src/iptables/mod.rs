@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use kp_model::{Changes, IpFamily, Snapshot};
 use kp_netfilter::{Iptables, Table};
+use kp_netlink::ConntrackOps;
 use tracing::{debug, info, warn};
 
 use crate::{Host, LocalDetector, NodePortAddresses, Proxier, ProxierError, ProxyMode, SyncReport};
@@ -67,6 +68,10 @@ pub struct IptablesProxier<I: Iptables> {
     setup_done: bool,
     /// Per-Service chains in the kernel after the last successful sync.
     previous_chains: HashSet<String>,
+    /// Netlink conntrack, for the UDP stale-entry cleanup (none: cleanup disabled).
+    conntrack: Option<Box<dyn ConntrackOps + Send>>,
+    /// UDP Services as of the last successful sync (a deleted one needs a cleanup too).
+    udp_services: HashSet<kp_model::NamespacedName>,
 }
 
 impl<I: Iptables> std::fmt::Debug for IptablesProxier<I> {
@@ -114,7 +119,15 @@ impl<I: Iptables> IptablesProxier<I> {
             needs_full: true,
             setup_done: false,
             previous_chains: HashSet::new(),
+            conntrack: None,
+            udp_services: HashSet::new(),
         })
+    }
+
+    /// Enables the UDP stale-conntrack cleanup after syncs (see [`crate::conntrack`]).
+    pub fn with_conntrack(mut self, ops: Box<dyn ConntrackOps + Send>) -> Self {
+        self.conntrack = Some(ops);
+        self
     }
 
     /// The runner (for tests and dry runs that inspect it).
@@ -228,6 +241,39 @@ pub fn kernel_table(text: &str, table: Table) -> Result<KernelTable, ProxierErro
     Ok(out)
 }
 
+impl<I: Iptables> IptablesProxier<I> {
+    /// After a successful sync: when a UDP Service changed (or on a full sync), delete the
+    /// UDP conntrack entries that point where traffic no longer goes. A failure is logged;
+    /// the sync itself stands.
+    fn cleanup_conntrack(&mut self, snap: &Snapshot, changes: &Changes, full: bool) -> usize {
+        let now = crate::conntrack::udp_services(snap);
+        let needed = full
+            || changes
+                .services
+                .iter()
+                .any(|s| now.contains(s) || self.udp_services.contains(s));
+        self.udp_services = now;
+        let Some(ops) = self.conntrack.as_mut() else {
+            return 0;
+        };
+        if !needed {
+            return 0;
+        }
+        match crate::conntrack::cleanup_udp(ops.as_mut(), snap) {
+            Ok(n) => {
+                if n > 0 {
+                    info!(family = %self.family, deleted = n, "deleted stale UDP conntrack entries");
+                }
+                n
+            }
+            Err(e) => {
+                warn!(family = %self.family, error = %e, "UDP conntrack cleanup failed; stale entries may remain until they expire");
+                0
+            }
+        }
+    }
+}
+
 impl<I: Iptables> Proxier for IptablesProxier<I> {
     fn mode(&self) -> ProxyMode {
         ProxyMode::Iptables
@@ -261,6 +307,7 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
         let apply_time = t1.elapsed();
         self.needs_full = false;
         self.previous_chains = rendered.active_nat_chains;
+        let conntrack_deleted = self.cleanup_conntrack(snap, changes, full);
         let report = SyncReport {
             family: Some(self.family),
             full,
@@ -272,6 +319,7 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
             deleted_chains: stale.len(),
             render_time,
             apply_time,
+            conntrack_deleted,
         };
         info!(
             family = %self.family,

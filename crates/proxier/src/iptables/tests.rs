@@ -329,3 +329,65 @@ fn empty_snapshot_is_valid() {
     p.sync(&snap, &Changes::default()).unwrap();
     assert!(save(&p).contains(":KUBE-SERVICES - [0:0]"));
 }
+
+/// A conntrack fake shared with the test (the proxier owns its seam).
+#[derive(Clone, Default)]
+struct SharedConntrack(Arc<std::sync::Mutex<kp_netlink::FakeConntrack>>);
+
+impl kp_netlink::ConntrackOps for SharedConntrack {
+    fn dump(
+        &mut self,
+        family: kp_netlink::Family,
+        proto: Option<u8>,
+    ) -> kp_netlink::Result<Vec<kp_netlink::Flow>> {
+        self.0.lock().unwrap().dump(family, proto)
+    }
+    fn delete(&mut self, flow: &kp_netlink::Flow) -> kp_netlink::Result<bool> {
+        self.0.lock().unwrap().delete(flow)
+    }
+}
+
+#[test]
+fn udp_changes_clean_stale_conntrack_entries() {
+    let ct = SharedConntrack::default();
+    let mut p = proxier(FakeIptables::new(IpVersion::V4)).with_conntrack(Box::new(ct.clone()));
+    let mut t = tracker();
+    let dns = ServiceBuilder::new("dns", "10.96.0.10").udp("", 53).build();
+    t.apply(SourceEvent::ServiceUpsert(dns));
+    t.apply(SourceEvent::SliceUpsert(
+        SliceBuilder::new("dns")
+            .port_proto("", kp_model::Protocol::Udp, 5353)
+            .ready("10.0.0.5", "a")
+            .build(),
+    ));
+    t.apply(SourceEvent::ServiceUpsert(service("web", "10.96.0.20", 80)));
+    sync(&mut p, &mut t);
+    let client: std::net::SocketAddr = "10.0.1.9:40000".parse().unwrap();
+    let flow = kp_netlink::Flow::udp(
+        client,
+        "10.96.0.10:53".parse().unwrap(),
+        "10.0.0.5:5353".parse().unwrap(),
+    );
+    ct.0.lock().unwrap().insert(flow);
+    let dumps = || ct.0.lock().unwrap().dumps();
+
+    // A TCP-only change does not even look at conntrack.
+    let before = dumps();
+    t.apply(SourceEvent::SliceUpsert(slice(
+        "web",
+        80,
+        &[("10.0.0.7", "a")],
+    )));
+    assert_eq!(sync(&mut p, &mut t).conntrack_deleted, 0);
+    assert_eq!(dumps(), before);
+
+    // The UDP endpoint moves: the entry to the old one goes.
+    t.apply(SourceEvent::SliceUpsert(
+        SliceBuilder::new("dns")
+            .port_proto("", kp_model::Protocol::Udp, 5353)
+            .ready("10.0.0.6", "a")
+            .build(),
+    ));
+    assert_eq!(sync(&mut p, &mut t).conntrack_deleted, 1);
+    assert!(ct.0.lock().unwrap().flows().is_empty());
+}

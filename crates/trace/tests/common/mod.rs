@@ -10,7 +10,9 @@ use kp_trace::{Entry, Host};
 
 /// Completes a partial dump (see [`kp_netfilter::complete_partial_save`]).
 pub fn complete_dump(text: &str) -> String {
-    kp_netfilter::complete_partial_save(text).expect("completable dump").0
+    kp_netfilter::complete_partial_save(text)
+        .expect("completable dump")
+        .0
 }
 
 /// Parses a partial dump after completing it.
