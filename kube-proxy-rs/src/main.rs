@@ -20,7 +20,10 @@ fn init_tracing(verbosity: u8) {
         2 | 3 => "debug",
         _ => "trace",
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // notify logs an expected "unable to remove watch descriptor" at INFO when a watched
+    // directory is deleted; keep the library at WARN.
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(format!("{default},notify=warn")));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -11,10 +11,14 @@
 //! - [`manifests`]: YAML text and files → a [`manifests::ManifestSet`] plus a list of
 //!   [`manifests::ManifestError`]s (one line each, naming file, line, object and field), and
 //!   the [`kp_model::SourceEvent`]s that turn one set into another.
+//! - [`last_good`]: the state a watcher keeps between loads, so that a bad edit (an invalid
+//!   object, a file that does not parse, the path disappearing) keeps the last good objects
+//!   instead of deleting live Services.
 //! - [`watch`]: the task that loads a path, sends the initial events, then watches the path
 //!   (inotify) and sends the differences whenever it changes.
 
 pub mod convert;
+pub mod last_good;
 pub mod manifests;
 pub mod watch;
 

@@ -16,22 +16,34 @@
 //!   is an error naming where the first is.
 //!
 //! Errors never stop a load: [`load_path`] and [`parse_text`] return what loaded together with
-//! every error. Each error prints as one line, `FILE:LINE: OBJECT: FIELD: MESSAGE`.
+//! every error. Each error prints as one line, `FILE:LINE: OBJECT: FIELD: MESSAGE`, where
+//! `LINE` is where the document starts or, inside a List, where the item starts. The YAML
+//! parser's messages are worded for an operator (`duplicate key "ports"`), without the
+//! library's configuration hints.
+//!
+//! [`load_path_detailed`] (and [`ManifestLoader::finish_detailed`]) also say, file by file,
+//! which objects each file defined, which objects it defines but were rejected, and whether
+//! the file was understood whole (read, every document parsed, every object identified by kind
+//! and namespace/name); [`crate::last_good`] uses this to keep the last good state of a
+//! watched path when an edit breaks it.
 
+use std::borrow::Cow;
 use std::collections::hash_map::Entry;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use kp_model::{EndpointSlice, NamespacedName, Node, ObjectKind, Service, SourceEvent};
-use serde::de::DeserializeOwned;
+use serde::de::{self, DeserializeOwned, IntoDeserializer};
+use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use tracing::{debug, warn};
 
 use crate::SourceError;
 use crate::convert::{self, Converted};
 
-/// One problem found while loading manifests. The object it concerns (if any) was skipped.
+/// One problem found while loading manifests. The object it concerns (if any) was skipped (a
+/// watcher may keep its last valid version instead; see [`crate::last_good`]).
 ///
 /// `Display` is one line: `FILE:LINE: OBJECT: FIELD: MESSAGE`, leaving out the parts that are
 /// unknown, e.g.
@@ -163,6 +175,72 @@ impl ManifestSet {
     }
 }
 
+/// One object's identity: its kind and namespace/name (name for a Node), as the tracker keys
+/// it. `Display` prints it the way errors name objects: `Service default/nginx-svc`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ObjectKey {
+    /// A Service, by namespace/name.
+    Service(NamespacedName),
+    /// An EndpointSlice, by its own namespace/name.
+    EndpointSlice(NamespacedName),
+    /// A Node, by name.
+    Node(String),
+}
+
+impl ObjectKey {
+    /// The object's kind.
+    pub fn kind(&self) -> ObjectKind {
+        match self {
+            ObjectKey::Service(_) => ObjectKind::Service,
+            ObjectKey::EndpointSlice(_) => ObjectKind::EndpointSlice,
+            ObjectKey::Node(_) => ObjectKind::Node,
+        }
+    }
+}
+
+impl fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ObjectKey::Service(name) => write!(f, "Service {name}"),
+            ObjectKey::EndpointSlice(name) => write!(f, "EndpointSlice {name}"),
+            ObjectKey::Node(name) => write!(f, "Node {name}"),
+        }
+    }
+}
+
+impl ManifestSet {
+    /// Whether the set holds the object `key`.
+    pub fn contains(&self, key: &ObjectKey) -> bool {
+        match key {
+            ObjectKey::Service(name) => self.services.contains_key(name),
+            ObjectKey::EndpointSlice(name) => self.slices.contains_key(name),
+            ObjectKey::Node(name) => self.nodes.contains_key(name),
+        }
+    }
+
+    /// Copies the object `key` from `other` into `self`, replacing any version `self` had.
+    /// Returns whether `other` had it.
+    pub fn copy_from(&mut self, other: &ManifestSet, key: &ObjectKey) -> bool {
+        match key {
+            ObjectKey::Service(name) => other
+                .services
+                .get(name)
+                .map(|svc| self.services.insert(name.clone(), svc.clone()))
+                .is_some(),
+            ObjectKey::EndpointSlice(name) => other
+                .slices
+                .get(name)
+                .map(|slice| self.slices.insert(name.clone(), slice.clone()))
+                .is_some(),
+            ObjectKey::Node(name) => other
+                .nodes
+                .get(name)
+                .map(|node| self.nodes.insert(name.clone(), node.clone()))
+                .is_some(),
+        }
+    }
+}
+
 fn diff_map<K: Ord, V: PartialEq + Clone>(
     old: &BTreeMap<K, V>,
     new: &BTreeMap<K, V>,
@@ -190,12 +268,54 @@ pub fn load_path(path: &Path) -> (ManifestSet, Vec<ManifestError>) {
     loader.finish()
 }
 
+/// Like [`load_path`], with what each file defined (see [`Loaded`]).
+pub fn load_path_detailed(path: &Path) -> Loaded {
+    let mut loader = ManifestLoader::new();
+    loader.add_path(path);
+    loader.finish_detailed()
+}
+
 /// Parses the text of one file (see [`ManifestLoader::add_text`]); `file` only names it in
 /// errors.
 pub fn parse_text(file: &Path, text: &str) -> (ManifestSet, Vec<ManifestError>) {
     let mut loader = ManifestLoader::new();
     loader.add_text(file, text);
     loader.finish()
+}
+
+/// Everything one load found: the objects, the errors, and file by file what was defined.
+///
+/// Error positions (`usize`) are indexes into [`Loaded::errors`].
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    /// The objects that loaded.
+    pub set: ManifestSet,
+    /// Every problem found, in the order found.
+    pub errors: Vec<ManifestError>,
+    /// Every file that was read or that failed to be read, as named in errors.
+    pub files: BTreeMap<PathBuf, FileLoad>,
+    /// Paths whose content is unknown: the loaded path itself when it cannot be inspected, or a
+    /// directory that cannot be listed; each with the position of its error. Files at or below
+    /// such a path may exist without being in [`Loaded::files`].
+    pub unreadable: Vec<(PathBuf, usize)>,
+    /// The directories that were listed (the loaded path first, when it is one), as named in
+    /// errors; a watcher watches these.
+    pub directories: Vec<PathBuf>,
+}
+
+/// What one file defined, in a [`Loaded`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FileLoad {
+    /// The objects of [`Loaded::set`] that come from this file.
+    pub objects: BTreeSet<ObjectKey>,
+    /// Objects the file defines (identified by kind and namespace/name) that were rejected
+    /// (a field failed validation or had the wrong type), each with the position of its error.
+    pub rejected: Vec<(ObjectKey, usize)>,
+    /// When the file was not understood whole, the position of the first error that says why:
+    /// it could not be read, a document could not be parsed as YAML, or an object could not be
+    /// identified (not a mapping, no `kind` or `apiVersion`, a Service, EndpointSlice or Node
+    /// without a usable `metadata.name`). Such a file may define more objects than it shows.
+    pub incomplete: Option<usize>,
 }
 
 /// Where an object was first defined, for duplicate errors.
@@ -210,7 +330,10 @@ struct Origin {
 pub struct ManifestLoader {
     set: ManifestSet,
     errors: Vec<ManifestError>,
-    origins: HashMap<(ObjectKind, String), Origin>,
+    origins: HashMap<ObjectKey, Origin>,
+    files: BTreeMap<PathBuf, FileLoad>,
+    unreadable: Vec<(PathBuf, usize)>,
+    directories: Vec<PathBuf>,
 }
 
 /// One YAML document of a file.
@@ -225,7 +348,7 @@ struct Document<'a> {
     number: usize,
 }
 
-/// A document's location, for errors.
+/// A document's (or a List item's) location, for errors.
 struct At<'a> {
     file: &'a Path,
     line: usize,
@@ -248,7 +371,11 @@ impl ManifestLoader {
     /// whatever its extension.
     pub fn add_path(&mut self, path: &Path) {
         match std::fs::metadata(path) {
-            Err(e) => self.file_error(path, format!("cannot read: {e}")),
+            Err(e) => {
+                self.file_error(path, format!("cannot read: {e}"));
+                self.unreadable
+                    .push((path.to_path_buf(), self.errors.len().saturating_sub(1)));
+            }
             Ok(meta) if meta.is_dir() => {
                 let mut files = Vec::new();
                 let mut visited = HashSet::new();
@@ -276,13 +403,14 @@ impl ManifestLoader {
         }
         let entries = match std::fs::read_dir(dir) {
             Ok(entries) => entries,
-            Err(e) => return self.file_error(dir, format!("cannot read directory: {e}")),
+            Err(e) => return self.directory_error(dir, e),
         };
+        self.directories.push(dir.to_path_buf());
         for entry in entries {
             let entry = match entry {
                 Ok(entry) => entry,
                 Err(e) => {
-                    self.file_error(dir, format!("cannot read directory: {e}"));
+                    self.directory_error(dir, e);
                     continue;
                 }
             };
@@ -290,49 +418,48 @@ impl ManifestLoader {
                 continue;
             }
             let path = entry.path();
+            let wanted = path.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                ["yaml", "yml", "json"]
+                    .iter()
+                    .any(|w| e.eq_ignore_ascii_case(w))
+            });
             match std::fs::metadata(&path) {
                 Ok(meta) if meta.is_dir() => self.collect_files(&path, out, visited),
                 Ok(meta) if meta.is_file() => {
-                    let wanted = path.extension().and_then(|e| e.to_str()).is_some_and(|e| {
-                        ["yaml", "yml", "json"]
-                            .iter()
-                            .any(|w| e.eq_ignore_ascii_case(w))
-                    });
                     if wanted {
                         out.push(path);
                     }
                 }
                 Ok(_) => {}
-                Err(e) => {
-                    // Only report broken links that look like manifests.
-                    let wanted = path.extension().and_then(|e| e.to_str()).is_some_and(|e| {
-                        ["yaml", "yml", "json"]
-                            .iter()
-                            .any(|w| e.eq_ignore_ascii_case(w))
-                    });
-                    if wanted {
-                        self.file_error(&path, format!("cannot read: {e}"));
-                    }
-                }
+                // Only report broken links that look like manifests.
+                Err(e) if wanted => self.unreadable_file(&path, format!("cannot read: {e}")),
+                Err(_) => {}
             }
         }
+    }
+
+    fn directory_error(&mut self, dir: &Path, e: std::io::Error) {
+        self.file_error(dir, format!("cannot read directory: {e}"));
+        self.unreadable
+            .push((dir.to_path_buf(), self.errors.len().saturating_sub(1)));
     }
 
     /// Reads one file and adds its documents.
     fn add_file(&mut self, path: &Path) {
         let bytes = match std::fs::read(path) {
             Ok(bytes) => bytes,
-            Err(e) => return self.file_error(path, format!("cannot read: {e}")),
+            Err(e) => return self.unreadable_file(path, format!("cannot read: {e}")),
         };
         match String::from_utf8(bytes) {
             Ok(text) => self.add_text(path, &text),
-            Err(e) => self.file_error(path, format!("cannot read: not UTF-8 text: {e}")),
+            Err(e) => self.unreadable_file(path, format!("cannot read: not UTF-8 text: {e}")),
         }
     }
 
     /// Adds the documents of one file's text; `file` names it in errors and in duplicate
     /// reports.
     pub fn add_text(&mut self, file: &Path, text: &str) {
+        self.files.entry(file.to_path_buf()).or_default();
         let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for doc in split_documents(text) {
             self.add_document(file, &doc);
@@ -344,9 +471,46 @@ impl ManifestLoader {
         (self.set, self.errors)
     }
 
+    /// Everything found so far, file by file.
+    pub fn finish_detailed(self) -> Loaded {
+        Loaded {
+            set: self.set,
+            errors: self.errors,
+            files: self.files,
+            unreadable: self.unreadable,
+            directories: self.directories,
+        }
+    }
+
     fn file_error(&mut self, file: &Path, message: String) {
         self.errors
             .push(ManifestError::new(file, None, None, None, message));
+    }
+
+    /// A file-level error for a file whose content is therefore unknown.
+    fn unreadable_file(&mut self, file: &Path, message: String) {
+        self.file_error(file, message);
+        self.mark_incomplete(file);
+    }
+
+    /// Marks `file` as not understood whole, because of the last error.
+    fn mark_incomplete(&mut self, file: &Path) {
+        let position = self.errors.len().saturating_sub(1);
+        let entry = self.files.entry(file.to_path_buf()).or_default();
+        entry.incomplete.get_or_insert(position);
+    }
+
+    /// Records that the object of the last error was rejected; an object that cannot be
+    /// identified makes its file incomplete instead.
+    fn mark_rejected(&mut self, file: &Path, key: Option<ObjectKey>) {
+        match key {
+            Some(key) => {
+                let position = self.errors.len().saturating_sub(1);
+                let entry = self.files.entry(file.to_path_buf()).or_default();
+                entry.rejected.push((key, position));
+            }
+            None => self.mark_incomplete(file),
+        }
     }
 
     fn add_document(&mut self, file: &Path, doc: &Document<'_>) {
@@ -357,8 +521,20 @@ impl ManifestLoader {
         };
         let mut options = serde_saphyr::Options::default();
         options.with_snippet = false;
-        match serde_saphyr::from_str_with_options::<Value>(doc.text, options) {
-            Ok(value) => self.add_value(&at, value, None),
+        options.budget = Some(budget_for(doc.text.len()));
+        match serde_saphyr::from_str_with_options::<ParsedDocument>(doc.text, options) {
+            Ok(parsed) => {
+                // The parser's lines are relative to the document's text.
+                let item_lines: Vec<usize> = parsed
+                    .item_lines
+                    .iter()
+                    .map(|&l| match usize::try_from(l) {
+                        Ok(l) if l > 0 => l - 1 + doc.first_line,
+                        _ => doc.start_line,
+                    })
+                    .collect();
+                self.add_value(&at, parsed.value, None, &item_lines);
+            }
             Err(e) => {
                 let message = yaml_error_message(&e, doc.first_line);
                 self.errors.push(ManifestError::new(
@@ -368,6 +544,7 @@ impl ManifestLoader {
                     None,
                     format!("cannot parse YAML: {message}"),
                 ));
+                self.mark_incomplete(file);
             }
         }
     }
@@ -382,12 +559,25 @@ impl ManifestLoader {
         ));
     }
 
-    /// Handles one parsed value: an object or a list of objects. `list_kind` is the kind of
-    /// the enclosing typed list (`ServiceList`), whose items may omit `kind`/`apiVersion`.
-    fn add_value(&mut self, at: &At<'_>, mut value: Value, list: Option<(&str, &str)>) {
+    /// An error about a document (or List item) that is not a usable object.
+    fn unidentified(&mut self, at: &At<'_>, field: Option<&str>, message: impl Into<String>) {
+        self.doc_error(at, field, message);
+        self.mark_incomplete(at.file);
+    }
+
+    /// Handles one parsed value: an object or a list of objects. `list` is the item kind and
+    /// `apiVersion` of the enclosing typed list (`ServiceList`), whose items may omit
+    /// `kind`/`apiVersion`. `item_lines` are the file lines of the value's `items`, when known.
+    fn add_value(
+        &mut self,
+        at: &At<'_>,
+        mut value: Value,
+        list: Option<(&str, &str)>,
+        item_lines: &[usize],
+    ) {
         let Value::Object(map) = &mut value else {
             let found = value_type(&value);
-            return self.doc_error(
+            return self.unidentified(
                 at,
                 None,
                 format!(
@@ -402,14 +592,14 @@ impl ManifestLoader {
                 .or_insert_with(|| Value::String(api_version.to_string()));
         }
         let Some(kind) = map.get("kind").and_then(Value::as_str).map(str::to_string) else {
-            return self.doc_error(at, Some("kind"), "missing; not a Kubernetes object");
+            return self.unidentified(at, Some("kind"), "missing; not a Kubernetes object");
         };
         let Some(api_version) = map
             .get("apiVersion")
             .and_then(Value::as_str)
             .map(str::to_string)
         else {
-            return self.doc_error(at, Some("apiVersion"), format!("missing in a {kind}"));
+            return self.unidentified(at, Some("apiVersion"), format!("missing in a {kind}"));
         };
 
         let item_kind = match kind.as_str() {
@@ -425,7 +615,7 @@ impl ManifestLoader {
                 Some(Value::Array(items)) => items,
                 Some(other) => {
                     let found = value_type(&other);
-                    return self.doc_error(
+                    return self.unidentified(
                         at,
                         Some("items"),
                         format!("expected a list, found {found}"),
@@ -435,11 +625,11 @@ impl ManifestLoader {
             for (i, item) in items.into_iter().enumerate() {
                 let item_at = At {
                     file: at.file,
-                    line: at.line,
+                    line: item_lines.get(i).copied().unwrap_or(at.line),
                     label: format!("{} items[{i}]", at.label),
                 };
                 let typed = (!item_kind.is_empty()).then_some((item_kind, api_version.as_str()));
-                self.add_value(&item_at, item, typed);
+                self.add_value(&item_at, item, typed, &[]);
             }
             return;
         }
@@ -463,6 +653,7 @@ impl ManifestLoader {
             );
             return;
         }
+        let key = object_key(&kind, map);
 
         let at = At {
             file: at.file,
@@ -471,76 +662,92 @@ impl ManifestLoader {
         };
         match kind.as_str() {
             "Service" => {
-                let Some(svc) = self.typed::<k8s_openapi::api::core::v1::Service>(&at, value)
+                let Some(svc) = self.typed::<k8s_openapi::api::core::v1::Service>(&at, value, &key)
                 else {
                     return;
                 };
                 match convert::service(&svc) {
                     Ok(Converted::Object(svc)) => {
-                        if self.first_definition(&at, ObjectKind::Service, svc.name.to_string()) {
-                            self.set.services.insert(svc.name.clone(), svc);
-                        }
+                        self.accept(&at, ObjectKey::Service(svc.name.clone()), |set| {
+                            set.services.insert(svc.name.clone(), svc);
+                        });
                     }
                     Ok(Converted::Ignored(why)) => ignored(&at, &why),
-                    Err(e) => self.convert_error(&at, e),
+                    Err(e) => self.convert_error(&at, e, key),
                 }
             }
             "EndpointSlice" => {
                 let Some(slice) =
-                    self.typed::<k8s_openapi::api::discovery::v1::EndpointSlice>(&at, value)
+                    self.typed::<k8s_openapi::api::discovery::v1::EndpointSlice>(&at, value, &key)
                 else {
                     return;
                 };
                 match convert::endpoint_slice(&slice) {
                     Ok(Converted::Object(slice)) => {
-                        let key = slice.name.to_string();
-                        if self.first_definition(&at, ObjectKind::EndpointSlice, key) {
-                            self.set.slices.insert(slice.name.clone(), slice);
-                        }
+                        self.accept(&at, ObjectKey::EndpointSlice(slice.name.clone()), |set| {
+                            set.slices.insert(slice.name.clone(), slice);
+                        });
                     }
                     Ok(Converted::Ignored(why)) => ignored(&at, &why),
-                    Err(e) => self.convert_error(&at, e),
+                    Err(e) => self.convert_error(&at, e, key),
                 }
             }
             _ => {
-                let Some(node) = self.typed::<k8s_openapi::api::core::v1::Node>(&at, value) else {
+                let Some(node) = self.typed::<k8s_openapi::api::core::v1::Node>(&at, value, &key)
+                else {
                     return;
                 };
                 match convert::node(&node) {
                     Ok(node) => {
-                        if self.first_definition(&at, ObjectKind::Node, node.name.clone()) {
-                            self.set.nodes.insert(node.name.clone(), node);
-                        }
+                        self.accept(&at, ObjectKey::Node(node.name.clone()), |set| {
+                            set.nodes.insert(node.name.clone(), node);
+                        });
                     }
-                    Err(e) => self.convert_error(&at, e),
+                    Err(e) => self.convert_error(&at, e, key),
                 }
             }
         }
     }
 
+    /// Adds a validated object unless it was defined before (then it is a duplicate error).
+    fn accept(&mut self, at: &At<'_>, key: ObjectKey, insert: impl FnOnce(&mut ManifestSet)) {
+        if self.first_definition(at, key.clone()) {
+            insert(&mut self.set);
+            let entry = self.files.entry(at.file.to_path_buf()).or_default();
+            entry.objects.insert(key);
+        }
+    }
+
     /// Deserializes into a k8s-openapi type; a failure is an error naming the field path.
-    fn typed<T: DeserializeOwned>(&mut self, at: &At<'_>, value: Value) -> Option<T> {
+    fn typed<T: DeserializeOwned>(
+        &mut self,
+        at: &At<'_>,
+        value: Value,
+        key: &Option<ObjectKey>,
+    ) -> Option<T> {
         match serde_path_to_error::deserialize::<_, T>(value) {
             Ok(object) => Some(object),
             Err(e) => {
                 let path = e.path().to_string();
                 let field = (path != ".").then_some(path);
                 self.doc_error(at, field.as_deref(), e.inner().to_string());
+                self.mark_rejected(at.file, key.clone());
                 None
             }
         }
     }
 
-    fn convert_error(&mut self, at: &At<'_>, e: SourceError) {
+    fn convert_error(&mut self, at: &At<'_>, e: SourceError, key: Option<ObjectKey>) {
         match e {
             SourceError::Invalid { field, message } => self.doc_error(at, Some(&field), message),
             other => self.doc_error(at, None, other.to_string()),
         }
+        self.mark_rejected(at.file, key);
     }
 
     /// Records where an object is defined; false (and an error) when it was defined before.
-    fn first_definition(&mut self, at: &At<'_>, kind: ObjectKind, key: String) -> bool {
-        match self.origins.entry((kind, key)) {
+    fn first_definition(&mut self, at: &At<'_>, key: ObjectKey) -> bool {
+        match self.origins.entry(key) {
             Entry::Occupied(first) => {
                 let first = first.get();
                 let message = format!(
@@ -559,6 +766,242 @@ impl ManifestLoader {
                 true
             }
         }
+    }
+}
+
+/// The parser's resource limits for a document of `len` bytes: the defaults, raised for large
+/// documents so that a `kubectl get -o yaml` List of thousands of objects parses. Every node
+/// takes at least a byte of text unless it comes from an alias, and aliases keep their own
+/// limits, so scaling with the text keeps the protection against alias bombs.
+fn budget_for(len: usize) -> serde_saphyr::Budget {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_nodes = budget.max_nodes.max(len);
+    budget.max_events = budget.max_events.max(len.saturating_mul(2));
+    budget.max_total_scalar_bytes = budget.max_total_scalar_bytes.max(len);
+    budget
+}
+
+/// The identity of a Service, EndpointSlice or Node, read from the untyped value the way
+/// [`crate::convert`] reads it (an absent or empty namespace is `default`); `None` when
+/// `metadata.name` (or `metadata.namespace`) is missing, empty or not a string.
+fn object_key(kind: &str, map: &serde_json::Map<String, Value>) -> Option<ObjectKey> {
+    let meta = map.get("metadata")?;
+    let name = meta.get("name")?.as_str().filter(|s| !s.is_empty())?;
+    if kind == "Node" {
+        return Some(ObjectKey::Node(name.to_string()));
+    }
+    let namespace = match meta.get("namespace") {
+        None | Some(Value::Null) => "default",
+        Some(Value::String(ns)) if ns.is_empty() => "default",
+        Some(Value::String(ns)) => ns.as_str(),
+        Some(_) => return None,
+    };
+    let name = NamespacedName::new(namespace, name);
+    match kind {
+        "Service" => Some(ObjectKey::Service(name)),
+        _ => Some(ObjectKey::EndpointSlice(name)),
+    }
+}
+
+/// A document parsed into a [`Value`], plus the line (relative to the document, 1-based) of
+/// each entry of a top-level `items` list, so that errors in a List's items point at the item.
+struct ParsedDocument {
+    value: Value,
+    item_lines: Vec<u64>,
+}
+
+impl<'de> Deserialize<'de> for ParsedDocument {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(DocumentVisitor)
+    }
+}
+
+/// Builds a [`ParsedDocument`]: a top-level mapping is read key by key (to catch the lines of
+/// `items`); anything else is handed to [`Value`]'s own deserializer.
+struct DocumentVisitor;
+
+impl DocumentVisitor {
+    fn plain<E: de::Error>(value: Result<Value, E>) -> Result<ParsedDocument, E> {
+        value.map(|value| ParsedDocument {
+            value,
+            item_lines: Vec::new(),
+        })
+    }
+}
+
+impl<'de> de::Visitor<'de> for DocumentVisitor {
+    type Value = ParsedDocument;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a YAML document")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<ParsedDocument, E> {
+        Self::plain(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<ParsedDocument, E> {
+        Self::plain(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<ParsedDocument, E> {
+        Self::plain(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<ParsedDocument, E> {
+        Self::plain(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<ParsedDocument, E> {
+        Self::plain(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<ParsedDocument, E> {
+        Self::plain(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<ParsedDocument, E> {
+        Self::plain(Ok(Value::String(v.to_string())))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<ParsedDocument, E> {
+        Self::plain(Ok(Value::String(v)))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<ParsedDocument, E> {
+        Self::plain(Ok(Value::Null))
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<ParsedDocument, E> {
+        Self::plain(Ok(Value::Null))
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<ParsedDocument, D::Error> {
+        Self::plain(Value::deserialize(d))
+    }
+
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<ParsedDocument, D::Error> {
+        Self::plain(Value::deserialize(d))
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<ParsedDocument, A::Error> {
+        Self::plain(Value::deserialize(de::value::SeqAccessDeserializer::new(
+            seq,
+        )))
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<ParsedDocument, A::Error> {
+        let mut object = serde_json::Map::new();
+        let mut item_lines = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            let value = if key == "items" {
+                match map.next_value::<Items>()? {
+                    Items::List(items) => {
+                        item_lines = items.iter().map(|i| i.referenced.line()).collect();
+                        Value::Array(items.into_iter().map(|i| i.value).collect())
+                    }
+                    Items::Other(value) => value,
+                }
+            } else {
+                map.next_value::<Value>()?
+            };
+            object.insert(key, value);
+        }
+        Ok(ParsedDocument {
+            value: Value::Object(object),
+            item_lines,
+        })
+    }
+}
+
+/// The value of a top-level `items` key: a list whose entries keep their location, or any
+/// other value (an error reported later, with the document's other problems).
+enum Items {
+    List(Vec<serde_saphyr::Spanned<Value>>),
+    Other(Value),
+}
+
+impl<'de> Deserialize<'de> for Items {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(ItemsVisitor)
+    }
+}
+
+struct ItemsVisitor;
+
+impl ItemsVisitor {
+    fn other<E: de::Error>(value: Result<Value, E>) -> Result<Items, E> {
+        value.map(Items::Other)
+    }
+}
+
+impl<'de> de::Visitor<'de> for ItemsVisitor {
+    type Value = Items;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of objects")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Items, E> {
+        Self::other(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Items, E> {
+        Self::other(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Items, E> {
+        Self::other(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_i128<E: de::Error>(self, v: i128) -> Result<Items, E> {
+        Self::other(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Items, E> {
+        Self::other(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Items, E> {
+        Self::other(Value::deserialize(v.into_deserializer()))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Items, E> {
+        Self::other(Ok(Value::String(v.to_string())))
+    }
+
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Items, E> {
+        Self::other(Ok(Value::String(v)))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Items, E> {
+        Self::other(Ok(Value::Null))
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Items, E> {
+        Self::other(Ok(Value::Null))
+    }
+
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Items, D::Error> {
+        Items::deserialize(d)
+    }
+
+    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<Items, D::Error> {
+        Items::deserialize(d)
+    }
+
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Items, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(item) = seq.next_element::<serde_saphyr::Spanned<Value>>()? {
+            items.push(item);
+        }
+        Ok(Items::List(items))
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Items, A::Error> {
+        Self::other(Value::deserialize(de::value::MapAccessDeserializer::new(
+            map,
+        )))
     }
 }
 
@@ -594,10 +1037,11 @@ fn value_type(value: &Value) -> &'static str {
     }
 }
 
-/// The parser's message on one line, with its line number made relative to the file.
+/// The parser's message on one line, worded for an operator (see [`OperatorMessages`]), with
+/// its line number made relative to the file.
 fn yaml_error_message(e: &serde_saphyr::Error, first_line: usize) -> String {
     let e = e.without_snippet();
-    let mut message = e.to_string();
+    let mut message = e.render_with_formatter(&OperatorMessages);
     if let Some(loc) = e.location() {
         let suffix = format!(" at line {}, column {}", loc.line(), loc.column());
         if let Some(stripped) = message.strip_suffix(&suffix) {
@@ -606,6 +1050,70 @@ fn yaml_error_message(e: &serde_saphyr::Error, first_line: usize) -> String {
         }
     }
     one_line(&message)
+}
+
+/// serde-saphyr's user-facing messages, with what is still aimed at a programmer removed:
+/// `duplicate key "ports"` instead of advice to set `DuplicateKeyPolicy` in `Options`, and any
+/// other clause that mentions the library's options or Rust types dropped.
+struct OperatorMessages;
+
+impl serde_saphyr::MessageFormatter for OperatorMessages {
+    fn format_message<'a>(&self, err: &'a serde_saphyr::Error) -> Cow<'a, str> {
+        match err {
+            serde_saphyr::Error::DuplicateMappingKey { key: Some(key), .. } => {
+                Cow::Owned(format!("duplicate key {key:?}"))
+            }
+            serde_saphyr::Error::DuplicateMappingKey { key: None, .. } => {
+                Cow::Borrowed("duplicate key")
+            }
+            other => match serde_saphyr::UserMessageFormatter.format_message(other) {
+                Cow::Borrowed(text) => strip_library_hints(text),
+                Cow::Owned(text) => Cow::Owned(strip_library_hints(&text).into_owned()),
+            },
+        }
+    }
+}
+
+/// Drops the sentences and clauses of a parser message that give advice to the program using
+/// the library (its `Options`, `...Policy` settings, Rust types like `Option<String>`) rather
+/// than to the person writing the YAML. The first clause is always kept.
+pub(crate) fn strip_library_hints(text: &str) -> Cow<'_, str> {
+    if !is_library_hint(text) {
+        return Cow::Borrowed(text);
+    }
+    let sentences = drop_hint_parts(text, &[". "]);
+    Cow::Owned(drop_hint_parts(&sentences, &[", ", "; "]))
+}
+
+fn is_library_hint(text: &str) -> bool {
+    text.contains("Options") || text.contains("Option<") || text.contains("Policy")
+}
+
+/// Splits `text` at `separators`, drops every part after the first that is a library hint,
+/// and joins the rest with their own separators.
+fn drop_hint_parts(text: &str, separators: &[&str]) -> String {
+    let mut kept = String::new();
+    let mut rest = text;
+    let mut first = true;
+    loop {
+        let next = separators
+            .iter()
+            .filter_map(|sep| rest.find(sep).map(|i| (i, sep.len())))
+            .min();
+        let (part, tail) = match next {
+            Some((i, len)) => (&rest[..i + len], Some(&rest[i + len..])),
+            None => (rest, None),
+        };
+        if first || !is_library_hint(part) {
+            kept.push_str(part);
+        }
+        first = false;
+        match tail {
+            Some(tail) => rest = tail,
+            None => break,
+        }
+    }
+    kept.trim_end_matches([',', ';', '.', ' ']).to_string()
 }
 
 /// Whether a line starts a document (`---`, optionally followed by a space and content).

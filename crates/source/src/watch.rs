@@ -2,63 +2,106 @@
 //! the files.
 //!
 //! The task loads the path, sends the initial events, then watches the path with inotify (via
-//! `notify`) and, after each burst of changes, reloads everything and sends the difference. A
-//! timer reloads every [`RESYNC_INTERVAL`] too, as a safety net for changes inotify cannot see
-//! (a file reached through a symbolic link into another directory, a watch lost when a
-//! directory is replaced); it sends nothing when nothing changed.
+//! `notify`) and, once a burst of changes has settled, reloads everything and sends the
+//! difference. A timer reloads every [`RESYNC_INTERVAL`] too, as a safety net for changes
+//! inotify cannot see (a file reached through a symbolic link into a directory outside the
+//! path); it sends nothing when nothing changed.
+//!
+//! # What is watched
+//!
+//! - The directory that holds the path (not recursively), so that the path being deleted,
+//!   renamed, replaced by an editor (write `.x.swp`, rename it over the file) or re-created is
+//!   seen at once; of its entries only the path itself and the `..`-prefixed entries of a
+//!   mounted ConfigMap (`..data`, `..data_tmp`, `..2026_11_30_...`) matter.
+//! - For a directory: the directory and every directory below it that is read (hidden ones,
+//!   such as a ConfigMap's timestamped `..2026_...` directories, are neither read nor watched;
+//!   a ConfigMap update is seen as the rename of `..data_tmp` over `..data` next to the visible
+//!   links). After every reload the watches are brought in line with the directories read: a
+//!   new directory is watched (and read once more, so that nothing written before its watch
+//!   was set is missed), and a directory that was deleted and re-created, or replaced by a
+//!   rename, is watched again. Renaming or writing a hidden file (`.x.swp`) is not a change by
+//!   itself; renaming it over a manifest is.
+//!
+//! A change is read [`DEBOUNCE`] after the last event of a burst, but never later than
+//! [`MAX_DEBOUNCE`] after its first, so an editor's writes, a ConfigMap swap or an `rm -rf` is
+//! read once, complete, and a change is applied well within a second.
+//!
+//! # When an edit breaks something
+//!
+//! The last good state is kept (see [`crate::last_good`]): an invalid object keeps its last
+//! valid version, a file that cannot be read or parsed keeps every object it defined, and the
+//! watched path disappearing keeps everything, each with one error saying so. Deleting a file
+//! from a watched directory, or an object from a file that still parses, deletes.
+//!
+//! Errors are passed on once: an error that the previous reload also found is not passed
+//! again; fixed and broken again, it is.
+//!
+//! The `notify` library logs `unable to remove watch descriptor from inotify: ... Invalid
+//! argument` (at INFO, target `notify::inotify`) when a watched directory is deleted: the
+//! kernel has already dropped the watch. It is expected and harmless; filter it out in the
+//! program's log setup (`notify=warn`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kp_model::SourceEvent;
 use notify::event::{AccessKind, AccessMode};
-use notify::{EventKind, RecursiveMode, Watcher};
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::SourceError;
-use crate::manifests::{ManifestError, ManifestSet, load_path};
+use crate::last_good::LastGood;
+use crate::manifests::{Loaded, ManifestError, load_path_detailed};
 
-/// How long to wait after a change before reloading, so that an editor's burst of writes (or a
-/// ConfigMap's symlink swap) is read once, complete.
+/// How long the path must be quiet after a change before it is reloaded, so that an editor's
+/// burst of writes (or a ConfigMap's symlink swap) is read once, complete.
 pub const DEBOUNCE: Duration = Duration::from_millis(100);
+
+/// The longest a reload waits for a burst of changes to settle, counted from its first event.
+pub const MAX_DEBOUNCE: Duration = Duration::from_millis(500);
 
 /// How often the path is re-read even when no change was seen.
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 
+/// How many times in a row a reload may read the path again because it found directories that
+/// were not watched yet.
+const MAX_WATCH_ROUNDS: usize = 3;
+
 /// Runs the manifest source for `path` (a file or a directory) until `tx` is closed.
 ///
 /// 1. Fails fast with [`SourceError::Path`] when `path` does not exist or cannot be inspected,
-///    and with [`SourceError::Watch`] when the watch cannot be set up.
-/// 2. Loads `path` ([`load_path`]), passes every error to `errors`, then sends the initial
-///    events ([`ManifestSet::initial_events`]: all upserts, then `Synced` for each kind) as one
-///    batch — even when nothing loaded, so the proxy can start.
-/// 3. Watches: a directory recursively; a file through its parent directory (non-recursively),
-///    reacting to events naming the file itself or a hidden `..`-prefixed entry (editors
-///    replace a file by renaming over it; a mounted ConfigMap swaps its `..data` link). After
-///    each event it waits [`DEBOUNCE`], reloads everything, passes to `errors` only the errors
-///    that were not reported by the previous load (a problem left in a file is reported once,
-///    not at every reload; fixed and broken again, it is reported again), and sends
-///    `old.diff(new)` as one batch when it is not empty. Every [`RESYNC_INTERVAL`] it reloads
-///    the same way without waiting for an event.
+///    and with [`SourceError::Watch`] when it cannot be watched (a directory itself, a file
+///    through the directory that holds it).
+/// 2. Loads `path`, passes every error to `errors`, then sends the initial events
+///    ([`kp_model::SourceEvent`] upserts, then `Synced` for each kind; see
+///    [`crate::manifests::ManifestSet::initial_events`]) as one batch — even when nothing
+///    loaded, so the proxy can start. Invalid objects are skipped.
+/// 3. Watches (see the module documentation). After each burst of changes, and every
+///    [`RESYNC_INTERVAL`], it reloads, merges the result with the last good state
+///    ([`LastGood::merge`]), passes to `errors` the errors the previous reload did not have,
+///    and sends `old.diff(new)` ([`crate::manifests::ManifestSet::diff`]) as one batch when it
+///    is not empty.
 ///
-/// A file that disappears loads as empty (with an error), so its objects are deleted. Returns
-/// `Ok(())` once `tx` is closed.
+/// Returns `Ok(())` once `tx` is closed.
 pub async fn watch_manifests(
     path: PathBuf,
     tx: mpsc::Sender<Vec<SourceEvent>>,
     errors: impl Fn(&ManifestError) + Send + 'static,
 ) -> Result<(), SourceError> {
-    let meta = std::fs::metadata(&path).map_err(|source| SourceError::Path {
+    let path_error = |source| SourceError::Path {
         path: path.clone(),
         source,
-    })?;
+    };
+    let meta = std::fs::metadata(&path).map_err(path_error)?;
+    let absolute = std::path::absolute(&path).map_err(path_error)?;
 
-    // Set the watch up before the first load, so no change can slip in between.
+    // Set the watches up before the first load, so no change can slip in between.
     let (notify_tx, mut notify_rx) = mpsc::channel::<()>(1);
-    let filter = EventFilter::new(&path, meta.is_dir());
-    let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+    let filter = EventFilter::new(&absolute);
+    let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         match res {
             Ok(event) if filter.is_relevant(&event) => {
                 // A full channel already holds a pending reload; that one will see this change.
@@ -75,24 +118,25 @@ pub async fn watch_manifests(
         path: path.clone(),
         source,
     })?;
-    let (watch_path, mode) = if meta.is_dir() {
-        (path.clone(), RecursiveMode::Recursive)
+    let mut watches = Watches::new(watcher, &absolute);
+    let essential = if meta.is_dir() {
+        absolute.clone()
     } else {
-        (parent_dir(&path), RecursiveMode::NonRecursive)
+        parent_dir(&absolute)
     };
-    watcher
-        .watch(&watch_path, mode)
+    watches
+        .watch(&essential)
         .map_err(|source| SourceError::Watch {
-            path: watch_path.clone(),
+            path: essential.clone(),
             source,
         })?;
 
-    let (mut current, errs) = load(&path).await;
+    let (mut state, errs) = LastGood::first(load_and_watch(&path, &mut watches).await);
     for e in &errs {
         errors(e);
     }
     let mut reported: HashSet<ManifestError> = errs.into_iter().collect();
-    if tx.send(current.initial_events()).await.is_err() {
+    if tx.send(state.set().initial_events()).await.is_err() {
         return Ok(());
     }
 
@@ -110,12 +154,12 @@ pub async fn watch_manifests(
                     watching = false;
                     continue;
                 }
-                tokio::time::sleep(DEBOUNCE).await;
-                while notify_rx.try_recv().is_ok() {}
+                settle(&mut notify_rx).await;
             }
             _ = resync.tick() => {}
         }
-        let (newer, errs) = load(&path).await;
+        let loaded = load_and_watch(&path, &mut watches).await;
+        let (next, errs) = state.merge(loaded);
         let fresh: HashSet<ManifestError> = errs.into_iter().collect();
         let mut new_errors: Vec<&ManifestError> = fresh.difference(&reported).collect();
         new_errors.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
@@ -123,8 +167,8 @@ pub async fn watch_manifests(
             errors(e);
         }
         reported = fresh;
-        let events = current.diff(&newer);
-        current = newer;
+        let events = state.set().diff(next.set());
+        state = next;
         if events.is_empty() {
             continue;
         }
@@ -135,38 +179,167 @@ pub async fn watch_manifests(
     }
 }
 
-/// Loads on the blocking pool; file I/O must not stall the runtime.
-async fn load(path: &Path) -> (ManifestSet, Vec<ManifestError>) {
-    let owned = path.to_path_buf();
-    match tokio::task::spawn_blocking(move || load_path(&owned)).await {
-        Ok(loaded) => loaded,
-        // Only a panic inside the loader gets here; load on this thread instead.
-        Err(_) => load_path(path),
+/// Waits until no change has been seen for [`DEBOUNCE`], or [`MAX_DEBOUNCE`] has passed.
+async fn settle(notify_rx: &mut mpsc::Receiver<()>) {
+    let start = Instant::now();
+    loop {
+        tokio::time::sleep(DEBOUNCE).await;
+        let mut more = false;
+        while notify_rx.try_recv().is_ok() {
+            more = true;
+        }
+        if !more || start.elapsed() + DEBOUNCE > MAX_DEBOUNCE {
+            return;
+        }
     }
 }
 
-/// The directory holding `file` (`.` for a bare file name).
+/// Loads `path` and brings the watches in line with the directories read; when that added
+/// watches, loads again, so that what changed before they were set is seen.
+async fn load_and_watch(path: &Path, watches: &mut Watches) -> Loaded {
+    let mut loaded = load(path).await;
+    for _ in 0..MAX_WATCH_ROUNDS {
+        if !watches.update(&loaded.directories) {
+            break;
+        }
+        loaded = load(path).await;
+    }
+    loaded
+}
+
+/// Loads on the blocking pool; file I/O must not stall the runtime.
+async fn load(path: &Path) -> Loaded {
+    let owned = path.to_path_buf();
+    match tokio::task::spawn_blocking(move || load_path_detailed(&owned)).await {
+        Ok(loaded) => loaded,
+        // Only a panic inside the loader gets here; load on this thread instead.
+        Err(_) => load_path_detailed(path),
+    }
+}
+
+/// The directory holding `file` (`/` for the root itself).
 fn parent_dir(file: &Path) -> PathBuf {
     match file.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
+        _ => PathBuf::from("/"),
+    }
+}
+
+/// A directory's identity, to notice one that was replaced under the same name.
+type Identity = Option<(u64, u64)>;
+
+#[cfg(unix)]
+fn identity(meta: &std::fs::Metadata) -> Identity {
+    use std::os::unix::fs::MetadataExt;
+    Some((meta.dev(), meta.ino()))
+}
+
+#[cfg(not(unix))]
+fn identity(_meta: &std::fs::Metadata) -> Identity {
+    None
+}
+
+/// The directories watched (each non-recursively), by absolute path.
+struct Watches {
+    watcher: RecommendedWatcher,
+    /// The directory holding the path, when the path has one.
+    parent: Option<PathBuf>,
+    /// What is watched, with the identity of the directory when its watch was set.
+    watched: HashMap<PathBuf, Identity>,
+    /// Directories whose watch failed and was reported, so it is reported once.
+    failed: HashSet<PathBuf>,
+}
+
+impl Watches {
+    fn new(watcher: RecommendedWatcher, absolute: &Path) -> Self {
+        Watches {
+            watcher,
+            parent: absolute.file_name().map(|_| parent_dir(absolute)),
+            watched: HashMap::new(),
+            failed: HashSet::new(),
+        }
+    }
+
+    /// Watches one directory now.
+    fn watch(&mut self, dir: &Path) -> notify::Result<()> {
+        let id = std::fs::metadata(dir)
+            .map_err(|e| notify::Error::io(e).add_path(dir.to_path_buf()))
+            .map(|meta| identity(&meta))?;
+        self.watcher.watch(dir, RecursiveMode::NonRecursive)?;
+        self.watched.insert(dir.to_path_buf(), id);
+        Ok(())
+    }
+
+    /// Watches the parent and `directories` (as the loader named them), and nothing else;
+    /// a directory replaced since its watch was set is watched again. Returns whether a watch
+    /// was added.
+    fn update(&mut self, directories: &[PathBuf]) -> bool {
+        let mut wanted: HashMap<PathBuf, Identity> = HashMap::new();
+        let mut seen: HashSet<(u64, u64)> = HashSet::new();
+        let candidates = self.parent.iter().cloned().chain(
+            directories
+                .iter()
+                .map(|d| std::path::absolute(d).unwrap_or_else(|_| d.clone())),
+        );
+        for dir in candidates {
+            let Ok(meta) = std::fs::metadata(&dir) else {
+                continue;
+            };
+            let id = identity(&meta);
+            // The same directory under two names (a symbolic link) is watched once.
+            if meta.is_dir() && id.is_none_or(|id| seen.insert(id)) {
+                wanted.insert(dir, id);
+            }
+        }
+        let stale: Vec<PathBuf> = self
+            .watched
+            .iter()
+            .filter(|(dir, id)| wanted.get(*dir) != Some(*id))
+            .map(|(dir, _)| dir.clone())
+            .collect();
+        for dir in stale {
+            // Fails when notify already dropped the watch of a deleted directory.
+            let _ = self.watcher.unwatch(&dir);
+            self.watched.remove(&dir);
+        }
+        let mut added = false;
+        for (dir, id) in wanted {
+            if self.watched.contains_key(&dir) {
+                continue;
+            }
+            match self.watcher.watch(&dir, RecursiveMode::NonRecursive) {
+                Ok(()) => {
+                    debug!(dir = %dir.display(), "watching manifest directory");
+                    self.failed.remove(&dir);
+                    self.watched.insert(dir, id);
+                    added = true;
+                }
+                Err(e) => {
+                    if self.failed.insert(dir.clone()) {
+                        warn!(dir = %dir.display(), error = %e,
+                            "cannot watch manifest directory; its changes are seen at the periodic reload");
+                    }
+                }
+            }
+        }
+        added
     }
 }
 
 /// Decides which notify events can change what a load would see.
 struct EventFilter {
-    /// For a watched file: its file name; `None` when watching a directory.
-    file_name: Option<std::ffi::OsString>,
+    /// The directory holding the path (absolute), when it has one.
+    parent: Option<PathBuf>,
+    /// The path's own name in it.
+    name: Option<std::ffi::OsString>,
 }
 
 impl EventFilter {
-    fn new(path: &Path, is_dir: bool) -> Self {
-        let file_name = if is_dir {
-            None
-        } else {
-            path.file_name().map(|n| n.to_os_string())
-        };
-        EventFilter { file_name }
+    fn new(absolute: &Path) -> Self {
+        EventFilter {
+            parent: absolute.file_name().map(|_| parent_dir(absolute)),
+            name: absolute.file_name().map(|n| n.to_os_string()),
+        }
     }
 
     fn is_relevant(&self, event: &notify::Event) -> bool {
@@ -176,14 +349,20 @@ impl EventFilter {
         {
             return false;
         }
-        let Some(name) = &self.file_name else {
+        event.paths.is_empty() || event.paths.iter().any(|p| self.is_relevant_path(p))
+    }
+
+    fn is_relevant_path(&self, path: &Path) -> bool {
+        let Some(name) = path.file_name() else {
             return true;
         };
-        event.paths.is_empty()
-            || event.paths.iter().any(|p| {
-                p.file_name().is_some_and(|n| {
-                    n == name.as_os_str() || n.as_encoded_bytes().starts_with(b"..")
-                })
-            })
+        let bytes = name.as_encoded_bytes();
+        let configmap = bytes.starts_with(b"..");
+        if path.parent() == self.parent.as_deref() {
+            // An entry next to the path: only the path itself and a ConfigMap's entries.
+            return Some(name) == self.name.as_deref() || configmap;
+        }
+        // Inside a watched directory: anything but a hidden file (an editor's swap file).
+        configmap || !bytes.starts_with(b".")
     }
 }

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use kp_model::{NamespacedName, ObjectKind, Protocol, ServiceType, SourceEvent};
 
 use super::{parse, service_yaml, slice_yaml};
-use crate::manifests::{ManifestError, ManifestLoader, ManifestSet, load_path};
+use crate::manifests::{
+    ManifestError, ManifestLoader, ManifestSet, ObjectKey, load_path, load_path_detailed,
+};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("test IP")
@@ -156,9 +158,10 @@ fn typed_list_items_without_kind() {
         set.services.keys().collect::<Vec<_>>(),
         [&nn("default", "a")]
     );
+    // The error points at the item's first line, not the List's.
     assert_eq!(
         errors,
-        ["t.yaml:1: Service default/b: spec.ports[0].port: 70000 is out of range 1-65535"]
+        ["t.yaml:10: Service default/b: spec.ports[0].port: 70000 is out of range 1-65535"]
     );
     let (set, errors) = parse("apiVersion: v1\nkind: List\nitems: 3\n");
     assert!(set.is_empty());
@@ -392,4 +395,158 @@ fn diff_and_initial_events() {
             SourceEvent::NodeDelete("n1".into()),
         ]
     );
+}
+
+#[test]
+fn list_item_errors_point_at_the_item() {
+    // Four items after a comment and a leading document marker; the fourth (items[3]) is a
+    // Service with a bad port, the third is not an object, and one item is in flow style.
+    let text = "# dump\n---\napiVersion: v1\nkind: List\nmetadata: {}\nitems:\n\
+        - apiVersion: v1\n  kind: Node\n  metadata:\n    name: n1\n\
+        - {apiVersion: v1, kind: Node, metadata: {name: n2}}\n\
+        - just a string\n\
+        -\n  apiVersion: v1\n  kind: Service\n  metadata:\n    name: web\n  spec:\n    \
+        ports:\n    - port: 0\n";
+    let (set, errors) = parse(text);
+    assert_eq!(set.nodes.len(), 2);
+    assert_eq!(
+        errors,
+        [
+            "t.yaml:12: document 1 items[2]: expected a Kubernetes object (a mapping with \
+             apiVersion and kind), found a string",
+            "t.yaml:14: Service default/web: spec.ports[0].port: 0 is out of range 1-65535",
+        ]
+    );
+    // Lists keep working when `items` holds something else, or nothing.
+    let (set, errors) = parse("apiVersion: v1\nkind: List\nitems:\n");
+    assert!(set.is_empty() && errors.is_empty(), "{errors:?}");
+    let (_, errors) = parse("apiVersion: v1\nkind: List\nitems: {a: 1}\n");
+    assert_eq!(
+        errors,
+        ["t.yaml:1: document 1: items: expected a list, found a mapping"]
+    );
+}
+
+#[test]
+fn parser_messages_speak_to_operators() {
+    let text = service_yaml("  ports:\n  - port: 80\n  ports:\n  - port: 81\n");
+    let (_, errors) = parse(&text);
+    assert_eq!(
+        errors,
+        ["t.yaml:1: document 1: cannot parse YAML: duplicate key \"ports\" at line 9, column 3"]
+    );
+    for (message, wanted) in [
+        (
+            "duplicate mapping key: a, set DuplicateKeyPolicy in Options if acceptable",
+            "duplicate mapping key: a",
+        ),
+        (
+            "cannot deserialize null into string; use Option<String>",
+            "cannot deserialize null into string",
+        ),
+        (
+            "!!binary scalar is not valid UTF-8 so cannot be stored into string. If you just \
+             use !!binary for documentation/annotation, set ignore_binary_tag_for_string in Options",
+            "!!binary scalar is not valid UTF-8 so cannot be stored into string",
+        ),
+        (
+            "invalid type: string \"a, b\", expected u16",
+            "invalid type: string \"a, b\", expected u16",
+        ),
+    ] {
+        assert_eq!(crate::manifests::strip_library_hints(message), wanted);
+    }
+    // No parser message in the usual mistakes carries a library hint.
+    for broken in [
+        "kind: [unclosed\n",
+        "a: b: c\n",
+        "a: 1\n a: 2\n",
+        "a: *nope\n",
+        "a: !!binary 'not base64!'\n",
+        "\"unterminated\n",
+        "a:\n\t- tab\n",
+    ] {
+        for e in super::errors_only(broken) {
+            assert!(
+                !e.contains("Options") && !e.contains("Option<") && !e.contains("Policy"),
+                "{e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+}
+
+#[test]
+fn large_list_within_parser_limits() {
+    // More nodes than the parser's default limit of 250,000 in one document.
+    let mut text = String::from("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: big\ndata: [");
+    for _ in 0..260_000 {
+        text.push_str("0,");
+    }
+    text.push_str("0]\n---\napiVersion: v1\nkind: Node\nmetadata:\n  name: n1\n");
+    let (set, errors) = parse(&text);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(set.nodes.contains_key("n1"));
+}
+
+#[test]
+fn detailed_load_tells_what_each_file_defined() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let svc = |name: &str, port: &str| {
+        service_yaml(&format!("  ports:\n  - port: {port}\n"))
+            .replace("name: web", &format!("name: {name}"))
+    };
+    std::fs::write(
+        root.join("a.yaml"),
+        format!("{}---\n{}", svc("good", "80"), svc("bad", "0")),
+    )
+    .expect("write");
+    std::fs::write(
+        root.join("b.yaml"),
+        format!("{}---\nkind: [\n", svc("other", "80")),
+    )
+    .expect("write");
+    std::fs::write(
+        root.join("c.yaml"),
+        "apiVersion: v1\nkind: Service\nmetadata: {}\n",
+    )
+    .expect("write");
+    std::fs::create_dir(root.join("sub")).expect("mkdir");
+
+    let loaded = load_path_detailed(root);
+    assert_eq!(loaded.directories, [root.to_path_buf(), root.join("sub")]);
+    assert!(loaded.unreadable.is_empty());
+    let a = &loaded.files[&root.join("a.yaml")];
+    assert_eq!(
+        a.objects.iter().collect::<Vec<_>>(),
+        [&ObjectKey::Service(nn("default", "good"))]
+    );
+    assert_eq!(a.rejected.len(), 1);
+    assert_eq!(a.rejected[0].0, ObjectKey::Service(nn("default", "bad")));
+    assert!(
+        loaded.errors[a.rejected[0].1]
+            .to_string()
+            .contains("port: 0 is out of range")
+    );
+    assert_eq!(a.incomplete, None);
+    let b = &loaded.files[&root.join("b.yaml")];
+    assert_eq!(b.objects.len(), 1);
+    let position = b.incomplete.expect("b.yaml does not parse");
+    assert!(
+        loaded.errors[position]
+            .message
+            .starts_with("cannot parse YAML")
+    );
+    // An object without a name cannot be identified: its file is incomplete.
+    let c = &loaded.files[&root.join("c.yaml")];
+    assert!(c.objects.is_empty() && c.rejected.is_empty());
+    assert!(c.incomplete.is_some());
+    assert_eq!(ObjectKey::Node("n1".into()).to_string(), "Node n1");
+    assert_eq!(ObjectKey::Node("n1".into()).kind(), ObjectKind::Node);
+
+    let missing = root.join("missing");
+    let loaded = load_path_detailed(&missing);
+    assert_eq!(loaded.unreadable, [(missing, 0)]);
+    assert!(loaded.files.is_empty() && loaded.directories.is_empty());
 }

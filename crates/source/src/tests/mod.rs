@@ -1,6 +1,8 @@
-//! Unit tests of the crate: validation messages, manifest loading, diffs and the watcher.
+//! Unit tests of the crate: validation messages, manifest loading, diffs, the last good state
+//! kept across bad edits, and the watcher.
 
 mod convert;
+mod last_good;
 mod manifests;
 mod watch;
 

@@ -1,0 +1,147 @@
+//! [`LastGood`]: what a watched manifest path last defined, kept across bad edits.
+//!
+//! The API server never hands kube-proxy an invalid object, so when an edit to a watched
+//! manifest breaks something, the right thing for a proxy is to keep programming what was last
+//! valid, report the problem, and wait for the fix. Each reload is therefore merged with the
+//! state already applied:
+//!
+//! - **An invalid object keeps its last valid version.** When an object (same kind and
+//!   namespace/name) fails validation or has a field of the wrong type, the version last
+//!   loaded stays, and its error ends with `; keeping the last valid version`. An object that
+//!   never loaded is simply skipped, as on the first load.
+//! - **A file that is not understood whole keeps everything it defined.** When a file cannot be
+//!   read (permissions, not UTF-8, a dangling link), or any of its documents cannot be parsed
+//!   as YAML, or an object in it cannot be identified (not a mapping, no `kind`, no
+//!   `apiVersion`, a Service, EndpointSlice or Node without a usable `metadata.name`), every
+//!   object the file defined at its last good load stays (the watcher remembers which file
+//!   defined which object). The objects of its documents that still load are updated or
+//!   added as usual. The error (reported once) ends with
+//!   `; keeping every object this file defined at its last good load`.
+//! - **A path that disappears keeps everything.** When the watched path itself cannot be read
+//!   (deleted, renamed away, no permission), or a directory below it cannot be listed, the
+//!   objects of every file under it stay, and the error ends with
+//!   `; keeping every object last loaded from it`. When it comes back, it is read again
+//!   normally: what it no longer defines is deleted.
+//! - **Deleting is still possible.** Deleting a file from a watched directory that still exists
+//!   deletes the objects it defined; removing an object from a file that still parses deletes
+//!   it; so does giving it a kind or `apiVersion` kube-proxy-rs does not read, or a
+//!   `service.kubernetes.io/service-proxy-name` label.
+//! - **The first load has no last good state**: invalid objects are skipped, and broken files
+//!   contribute what they can.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use crate::manifests::{Loaded, ManifestError, ManifestSet, ObjectKey};
+
+/// Appended to the error of an invalid object whose last valid version is kept.
+pub const KEEP_OBJECT: &str = "keeping the last valid version";
+/// Appended to the error that makes a file incomplete, when its objects are kept.
+pub const KEEP_FILE: &str = "keeping every object this file defined at its last good load";
+/// Appended to the error of an unreadable path, when objects loaded from it are kept.
+pub const KEEP_PATH: &str = "keeping every object last loaded from it";
+
+/// The applied state of a watched path: the objects, and which file defined each of them.
+#[derive(Debug, Clone, Default)]
+pub struct LastGood {
+    set: ManifestSet,
+    files: BTreeMap<PathBuf, BTreeSet<ObjectKey>>,
+}
+
+impl LastGood {
+    /// The state after a first load, which has nothing to keep: the objects that loaded, and
+    /// the errors unchanged.
+    pub fn first(loaded: Loaded) -> (LastGood, Vec<ManifestError>) {
+        let files = loaded
+            .files
+            .into_iter()
+            .map(|(file, load)| (file, load.objects))
+            .collect();
+        let state = LastGood {
+            set: loaded.set,
+            files,
+        };
+        (state, loaded.errors)
+    }
+
+    /// The objects to program.
+    pub fn set(&self) -> &ManifestSet {
+        &self.set
+    }
+
+    /// For every file, the objects of [`LastGood::set`] it defines (or is kept as defining).
+    pub fn files(&self) -> &BTreeMap<PathBuf, BTreeSet<ObjectKey>> {
+        &self.files
+    }
+
+    /// The state after a reload: `loaded`, plus the last good version of what it could not
+    /// load (see the module documentation). Returns the new state and `loaded`'s errors, with
+    /// what was kept said at the end of the errors concerned.
+    pub fn merge(&self, loaded: Loaded) -> (LastGood, Vec<ManifestError>) {
+        let Loaded {
+            mut set,
+            mut errors,
+            files,
+            unreadable,
+            ..
+        } = loaded;
+        let mut owners = BTreeMap::new();
+        for (file, load) in files {
+            let mut owned = load.objects;
+            if let Some(position) = load.incomplete {
+                let mut kept = false;
+                for key in self.files.get(&file).into_iter().flatten() {
+                    if self.keep(&mut set, key) {
+                        owned.insert(key.clone());
+                        kept = true;
+                    }
+                }
+                if kept {
+                    note(&mut errors, position, KEEP_FILE);
+                }
+            }
+            for (key, position) in load.rejected {
+                if self.keep(&mut set, &key) {
+                    owned.insert(key);
+                    note(&mut errors, position, KEEP_OBJECT);
+                }
+            }
+            owners.insert(file, owned);
+        }
+        // Files not seen this time: deleted, unless they are below a path that cannot be read.
+        for (file, keys) in &self.files {
+            if owners.contains_key(file) {
+                continue;
+            }
+            let Some(&(_, position)) = unreadable.iter().find(|(p, _)| file.starts_with(p)) else {
+                continue;
+            };
+            let owned: BTreeSet<ObjectKey> = keys
+                .iter()
+                .filter(|key| self.keep(&mut set, key))
+                .cloned()
+                .collect();
+            if !owned.is_empty() {
+                note(&mut errors, position, KEEP_PATH);
+                owners.insert(file.clone(), owned);
+            }
+        }
+        let state = LastGood { set, files: owners };
+        (state, errors)
+    }
+
+    /// Puts the last good version of `key` into `set`, unless `set` already has a version of
+    /// it (from this load). Returns whether it did.
+    fn keep(&self, set: &mut ManifestSet, key: &ObjectKey) -> bool {
+        !set.contains(key) && set.copy_from(&self.set, key)
+    }
+}
+
+/// Appends `; text` to the error at `position` (once).
+fn note(errors: &mut [ManifestError], position: usize, text: &str) {
+    if let Some(error) = errors.get_mut(position)
+        && !error.message.ends_with(text)
+    {
+        error.message = format!("{}; {text}", error.message);
+    }
+}
