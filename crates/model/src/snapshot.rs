@@ -151,6 +151,9 @@ pub struct Changes {
     /// Something changed that affects every Service (node labels used for topology); the
     /// proxier must re-render everything.
     pub full_resync_needed: bool,
+    /// `endpoints.kubernetes.io/last-change-trigger-time` (RFC 3339) of the EndpointSlices
+    /// that changed, for the network-programming-latency metric.
+    pub trigger_times: Vec<String>,
 }
 
 impl Changes {

@@ -16,7 +16,7 @@
 
 use std::time::Duration;
 
-use kp_model::SourceEvent;
+use kp_model::{Changes, IpFamily, Node, Snapshot, SourceEvent};
 use kp_proxier::{Proxier, ProxierError, SyncReport};
 use kp_track::Tracker;
 use tokio::sync::mpsc;
@@ -80,12 +80,42 @@ pub struct LoopStats {
     pub last_report: Option<SyncReport>,
 }
 
+/// What a sync loop tells the rest of the process (health, metrics, health-check servers).
+/// Every method has an empty default; implementations must be cheap and must not block.
+pub trait SyncObserver: Send + Sync {
+    /// The loop started; upstream's health server counts a family as updated at start-up.
+    fn started(&self, _family: IpFamily) {}
+
+    /// Changes are waiting for the next sync: `services` Services have pending changes.
+    fn queued(&self, _family: IpFamily, _services: usize) {}
+
+    /// A sync finished, successfully or not, after `duration`. `snapshot` and `changes` are
+    /// what it was asked to program; `node` is this node's Node object, if known.
+    fn synced(
+        &self,
+        _family: IpFamily,
+        _result: &Result<SyncReport, ProxierError>,
+        _duration: Duration,
+        _snapshot: &Snapshot,
+        _changes: &Changes,
+        _node: Option<&Node>,
+    ) {
+    }
+}
+
+/// An observer that does nothing.
+#[derive(Debug, Default)]
+pub struct NoObserver;
+
+impl SyncObserver for NoObserver {}
+
 /// The sync loop for one proxier (one IP family).
 pub struct SyncLoop<P: Proxier + 'static> {
     tracker: Tracker,
     proxier: Option<P>,
     cfg: RunnerConfig,
     stats: LoopStats,
+    observer: std::sync::Arc<dyn SyncObserver>,
 }
 
 impl<P: Proxier + 'static> SyncLoop<P> {
@@ -96,7 +126,14 @@ impl<P: Proxier + 'static> SyncLoop<P> {
             proxier: Some(proxier),
             cfg,
             stats: LoopStats::default(),
+            observer: std::sync::Arc::new(NoObserver),
         }
+    }
+
+    /// Reports to `observer` (health, metrics) from now on.
+    pub fn with_observer(mut self, observer: std::sync::Arc<dyn SyncObserver>) -> Self {
+        self.observer = observer;
+        self
     }
 
     /// Runs until `shutdown` resolves (daemon), or after one sync (`RunMode::Once`).
@@ -111,6 +148,8 @@ impl<P: Proxier + 'static> SyncLoop<P> {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<LoopStats, RuntimeError> {
         tokio::pin!(shutdown);
+        let family = self.tracker.family();
+        self.observer.started(family);
         let mut pending = false;
         let mut events_open = true;
         let mut last_end: Option<Instant> = None;
@@ -137,9 +176,14 @@ impl<P: Proxier + 'static> SyncLoop<P> {
                 }
                 batch = events.recv(), if events_open => match batch {
                     Some(batch) => {
+                        let mut changed = false;
                         for ev in batch {
-                            pending |= self.tracker.apply(ev);
+                            changed |= self.tracker.apply(ev);
                         }
+                        if changed && self.tracker.has_pending_changes() {
+                            self.observer.queued(family, self.tracker.pending_services());
+                        }
+                        pending |= changed;
                     }
                     None => {
                         events_open = false;
@@ -183,8 +227,8 @@ impl<P: Proxier + 'static> SyncLoop<P> {
         let (snapshot, mut changes) = self.tracker.checkout();
         changes.full_resync_needed |= force_full;
         debug!(
-            changed = changes.services.len(),
-            full = changes.full_resync_needed,
+            changed_services = changes.services.len(),
+            full_requested = changes.full_resync_needed,
             "syncing"
         );
         let Some(mut proxier) = self.proxier.take() else {
@@ -192,13 +236,23 @@ impl<P: Proxier + 'static> SyncLoop<P> {
                 "proxier lost after an earlier failure".into(),
             ));
         };
+        let started = std::time::Instant::now();
         let joined = tokio::task::spawn_blocking(move || {
             let result = proxier.sync(&snapshot, &changes);
-            (proxier, result)
+            (proxier, result, snapshot, changes)
         })
         .await;
-        let (proxier, result) = joined.map_err(|e| RuntimeError::Task(e.to_string()))?;
+        let (proxier, result, snapshot, changes) =
+            joined.map_err(|e| RuntimeError::Task(e.to_string()))?;
         self.proxier = Some(proxier);
+        self.observer.synced(
+            self.tracker.family(),
+            &result,
+            started.elapsed(),
+            &snapshot,
+            &changes,
+            self.tracker.node(),
+        );
         match &result {
             Ok(report) => {
                 self.stats.syncs += 1;

@@ -43,6 +43,8 @@ pub struct Tracker {
     current: Snapshot,
     /// ServicePortNames each Service contributed to `current`, for removal on change.
     ports_of: HashMap<NamespacedName, Vec<ServicePortName>>,
+    /// Trigger times of slices changed since the last checkout.
+    trigger_times: Vec<String>,
     /// Node objects for other nodes were seen (so a missing own Node is worth a warning).
     seen_other_nodes: bool,
     /// The missing-Node warning was given.
@@ -66,6 +68,7 @@ impl Tracker {
             dirty: BTreeSet::new(),
             full_resync_needed: false,
             ports_of: HashMap::new(),
+            trigger_times: Vec::new(),
             seen_other_nodes: false,
             warned_no_node: false,
         }
@@ -248,6 +251,7 @@ impl Tracker {
         let changes = Changes {
             services: dirty,
             full_resync_needed: std::mem::take(&mut self.full_resync_needed),
+            trigger_times: std::mem::take(&mut self.trigger_times),
         };
         (Arc::new(self.current.clone()), changes)
     }
