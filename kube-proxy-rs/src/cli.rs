@@ -60,7 +60,8 @@ pub enum TraceFrom {
 /// Flags of `trace`.
 #[derive(Debug, Args)]
 pub struct TraceArgs {
-    /// An `iptables-save` (or `ip6tables-save`) dump; `-` reads standard input.
+    /// An `iptables-save` (or `ip6tables-save`) dump, or an `nft -j list ruleset` dump
+    /// (JSON, recognized by its leading `{`); `-` reads standard input.
     #[arg(
         long,
         value_name = "FILE",
@@ -69,7 +70,8 @@ pub struct TraceArgs {
     )]
     pub rules: Option<PathBuf>,
 
-    /// Read this node's rules (`iptables-save`), addresses and ipsets. Needs root.
+    /// Read this node's rules (`nft -j list ruleset` or `iptables-save`, see --mode),
+    /// addresses and ipsets. Needs root.
     #[arg(long)]
     pub live: bool,
 
@@ -118,6 +120,12 @@ pub struct TraceArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+
+    /// Which rules to trace: `auto` (with --live: nftables if the node has kube-proxy's
+    /// table `ip kube-proxy` / `ip6 kube-proxy`, else iptables; with --rules: by the
+    /// dump's format), `iptables` or `nftables`.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub mode: crate::trace::TraceMode,
 }
 
 /// `--proxy-mode`.
@@ -125,7 +133,8 @@ pub struct TraceArgs {
 pub enum ProxyModeArg {
     /// iptables rules (KUBE-SERVICES → KUBE-SVC → KUBE-SEP); the default.
     Iptables,
-    /// nftables verdict maps (not implemented yet).
+    /// nftables: table `kube-proxy` (families ip and ip6), verdict maps, one `nft -f`
+    /// transaction per sync.
     Nftables,
     /// IPVS virtual servers (not implemented yet).
     Ipvs,
@@ -207,15 +216,18 @@ pub struct ProxyArgs {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
     pub masquerade_all: bool,
 
-    /// The bit of the packet mark (fwmark) that marks packets to masquerade, 0..=31.
+    /// The bit of the packet mark (fwmark) that marks packets to masquerade, 0..=31 (used by
+    /// both modes; upstream's nftables mode reads it from `nftables.masqueradeBit`).
     #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
     pub iptables_masquerade_bit: u8,
 
-    /// Addresses that accept NodePort connections: CIDRs, `primary`, or `all` (default).
+    /// Addresses that accept NodePort connections: CIDRs, `primary`, or `all`. Default: `all`
+    /// in iptables mode, `primary` (the node's InternalIP) in nftables mode, as upstream.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub nodeport_addresses: Vec<String>,
 
-    /// Accept NodePort connections on 127.0.0.1 (sets route_localnet; IPv4 only).
+    /// Accept NodePort connections on 127.0.0.1 (sets route_localnet; IPv4, iptables mode
+    /// only: nftables mode never serves NodePorts on loopback, as upstream).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
     pub iptables_localhost_nodeports: bool,
 
@@ -236,11 +248,13 @@ pub struct ProxyArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub iptables_backend: IptablesBackendArg,
 
-    /// Remove every rule and chain the proxy created, then exit.
+    /// Remove every rule and chain the proxy created (iptables chains of both backends and the
+    /// nftables tables `ip kube-proxy` / `ip6 kube-proxy`), then exit.
     #[arg(long)]
     pub cleanup: bool,
 
-    /// Print the iptables-restore input a fresh node would receive, change nothing, exit.
+    /// Print the iptables-restore (or `nft -f`) input a fresh node would receive, change
+    /// nothing, exit.
     #[arg(long)]
     pub dry_run: bool,
 
@@ -276,12 +290,13 @@ pub struct SandboxArgs {
     #[arg(short = 'n', long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     pub requests: u32,
 
-    /// Print the rules the proxy programmed (iptables-save in the node namespace).
+    /// Print the rules the proxy programmed (`iptables-save` or `nft list ruleset` in the
+    /// node namespace).
     #[arg(long)]
     pub show_rules: bool,
 
     /// Keep the sandbox until Ctrl-C instead of tearing it down after the report, so it can
-    /// be explored (`ip netns exec <node> iptables-save`).
+    /// be explored (`ip netns exec <node> iptables-save` or `… nft list ruleset`).
     #[arg(long)]
     pub keep: bool,
 }
@@ -368,6 +383,17 @@ mod tests {
         assert_eq!(p.iptables_masquerade_bit, 14);
         assert!(Cli::try_parse_from(["kube-proxy-rs", "--iptables-masquerade-bit=32"]).is_err());
         assert!(Cli::try_parse_from(["kube-proxy-rs", "--proxy-mode=userspace"]).is_err());
+        let cli = Cli::try_parse_from(["kube-proxy-rs", "--proxy-mode=nftables"]).unwrap();
+        assert_eq!(cli.proxy.proxy_mode, ProxyModeArg::Nftables);
+        let cli =
+            Cli::try_parse_from(["kube-proxy-rs", "sandbox", "--proxy-mode", "nftables"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Some(Command::Sandbox(SandboxArgs {
+                proxy_mode: ProxyModeArg::Nftables,
+                ..
+            }))
+        ));
         let cli = Cli::try_parse_from(["kube-proxy-rs", "sandbox", "-n", "10"]).unwrap();
         assert!(matches!(
             cli.command,

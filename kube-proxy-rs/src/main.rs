@@ -3,6 +3,9 @@
 //! subcommand (`sandbox`).
 
 mod cli;
+// Wired to --config/--write-config-to together with the API source (issue 5).
+#[allow(dead_code)]
+mod config;
 mod proxy;
 mod sandbox;
 mod trace;

@@ -6,9 +6,13 @@ use std::sync::Arc;
 use anyhow::{Context, anyhow, bail};
 use ipnet::IpNet;
 use kp_model::IpFamily;
-use kp_netfilter::{Backend, ExecIptables, FakeIptables, IpVersion, Iptables};
+use kp_netfilter::{
+    Backend, ExecIptables, ExecNft, FakeIptables, IpVersion, Iptables, Nft, NftVersion,
+    TableObjects,
+};
 use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
-use kp_proxier::{Host, LocalDetector, NodePortAddresses, RealHost};
+use kp_proxier::nftables::{NftablesConfig, NftablesProxier};
+use kp_proxier::{Host, LocalDetector, NodePortAddresses, Proxier, RealHost};
 use kp_runtime::{RunMode, RunnerConfig, SyncLoop};
 use kp_track::Tracker;
 use tokio::sync::mpsc;
@@ -48,11 +52,12 @@ fn interface_name(flag: &str, value: Option<&str>, max: usize) -> anyhow::Result
     Ok(v.to_string())
 }
 
-/// Builds the iptables-mode configuration from the flags.
+/// `--detect-local-mode` with `--cluster-cidr`, `--pod-bridge-interface` or
+/// `--pod-interface-name-prefix`.
 ///
 /// # Errors
 /// A message naming the flag whose value is invalid.
-pub fn iptables_config(args: &ProxyArgs) -> anyhow::Result<IptablesConfig> {
+fn local_detector(args: &ProxyArgs) -> anyhow::Result<LocalDetector> {
     let mut cidrs = Vec::new();
     for c in args.cluster_cidr.iter().filter(|c| !c.trim().is_empty()) {
         let net: IpNet = c
@@ -64,7 +69,7 @@ pub fn iptables_config(args: &ProxyArgs) -> anyhow::Result<IptablesConfig> {
     let mode = args
         .detect_local_mode
         .unwrap_or(DetectLocalModeArg::ClusterCidr);
-    let local_detector = match mode {
+    Ok(match mode {
         DetectLocalModeArg::ClusterCidr if cidrs.is_empty() => {
             // Upstream warns the same way: without a way to tell pods from other sources,
             // neither the off-cluster masquerade rule nor the pod short-circuit is written.
@@ -87,7 +92,18 @@ pub fn iptables_config(args: &ProxyArgs) -> anyhow::Result<IptablesConfig> {
                 14,
             )?)
         }
-    };
+    })
+}
+
+/// Builds the iptables-mode configuration from the flags and the local-traffic detector
+/// ([`local_detector`]).
+///
+/// # Errors
+/// A message naming the flag whose value is invalid.
+pub fn iptables_config(
+    args: &ProxyArgs,
+    local_detector: LocalDetector,
+) -> anyhow::Result<IptablesConfig> {
     let nodeport_addresses = NodePortAddresses::parse(&args.nodeport_addresses)?;
     Ok(IptablesConfig {
         masquerade_all: args.masquerade_all,
@@ -96,6 +112,31 @@ pub fn iptables_config(args: &ProxyArgs) -> anyhow::Result<IptablesConfig> {
         nodeport_addresses,
         localhost_nodeports: args.iptables_localhost_nodeports,
         conntrack_tcp_be_liberal: args.conntrack_tcp_be_liberal,
+    })
+}
+
+/// Builds the nftables-mode configuration from the flags and the local-traffic detector
+/// ([`local_detector`]). Without `--nodeport-addresses`
+/// NodePorts are accepted on the node's primary address only (`primary`), upstream's default
+/// in nftables mode; `--iptables-localhost-nodeports` and `--conntrack-tcp-be-liberal` do not
+/// apply (nftables mode never serves NodePorts on loopback and has no INVALID drop).
+///
+/// # Errors
+/// A message naming the flag whose value is invalid.
+pub fn nftables_config(
+    args: &ProxyArgs,
+    local_detector: LocalDetector,
+) -> anyhow::Result<NftablesConfig> {
+    let nodeport_addresses = if args.nodeport_addresses.iter().all(|a| a.trim().is_empty()) {
+        NodePortAddresses::parse(&["primary"])?
+    } else {
+        NodePortAddresses::parse(&args.nodeport_addresses)?
+    };
+    Ok(NftablesConfig {
+        masquerade_all: args.masquerade_all,
+        masquerade_bit: args.iptables_masquerade_bit,
+        local_detector,
+        nodeport_addresses,
     })
 }
 
@@ -123,10 +164,11 @@ impl Host for ReadOnlyHost {
     }
 }
 
-/// `--cleanup`: removes our rules from both families. With `--iptables-backend auto` it
-/// cleans both the nf_tables and the legacy backend, since rules may have been written with
-/// either (a backend whose binaries are missing is skipped).
-fn cleanup(backend: Backend) -> anyhow::Result<()> {
+/// Removes iptables-mode rules from both families. With `--iptables-backend auto` it cleans
+/// both the nf_tables and the legacy backend, since rules may have been written with either
+/// (a backend whose binaries are missing is skipped). Returns how many chains were removed;
+/// `Err` when a cleanup failed (logged).
+fn cleanup_iptables(backend: Backend) -> Result<usize, ()> {
     let backends: &[(Backend, &str)] = match backend {
         Backend::Default => &[(Backend::Nft, "nf_tables"), (Backend::Legacy, "legacy")],
         Backend::Nft => &[(Backend::Nft, "nf_tables")],
@@ -157,19 +199,80 @@ fn cleanup(backend: Backend) -> anyhow::Result<()> {
                     );
                 }
                 Err(e) => {
-                    error!(backend = name, family = ?version, "cleanup failed: {e}");
+                    error!(backend = name, family = ?version, "iptables cleanup failed: {e}");
                     failed = true;
                 }
             }
         }
     }
-    if failed {
-        bail!("cleanup did not complete");
+    if failed { Err(()) } else { Ok(removed) }
+}
+
+/// Deletes the nftables-mode tables (`ip kube-proxy`, `ip6 kube-proxy`). Returns how many
+/// existed; `Err` when nft failed (logged). A missing `nft` means there is nothing to clean.
+fn cleanup_nftables() -> Result<usize, ()> {
+    match kp_proxier::nftables::cleanup(&ExecNft::new()) {
+        Ok(families) => {
+            for f in &families {
+                info!(family = %f, "deleted nftables table kube-proxy");
+            }
+            Ok(families.len())
+        }
+        Err(kp_proxier::ProxierError::Netfilter(kp_netfilter::Error::Io { source, .. }))
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            info!("nft is not installed; no nftables rules to clean");
+            Ok(0)
+        }
+        Err(e) => {
+            error!("nftables cleanup failed: {e}");
+            Err(())
+        }
     }
-    if removed == 0 {
-        info!("no iptables rules of kube-proxy-rs found");
+}
+
+/// `--cleanup`: removes the rules of both modes from both families (upstream's
+/// `platformCleanup` does the same), leaving everything else alone.
+fn cleanup(backend: Backend) -> anyhow::Result<()> {
+    let iptables = cleanup_iptables(backend);
+    let nftables = cleanup_nftables();
+    match (iptables, nftables) {
+        (Ok(0), Ok(0)) => {
+            info!("no rules of kube-proxy-rs found");
+            Ok(())
+        }
+        (Ok(_), Ok(_)) => Ok(()),
+        _ => bail!("cleanup did not complete"),
     }
-    Ok(())
+}
+
+/// At start, removes what the other mode left, so a node can switch modes without a reboot
+/// (upstream does the same): iptables chains when starting in nftables mode, the nftables
+/// tables when starting in iptables mode. Failures are logged; the proxy starts anyway.
+fn remove_other_mode(mode: ProxyModeArg, backend: Backend) {
+    match mode {
+        ProxyModeArg::Nftables => {
+            if let Ok(n) = cleanup_iptables(backend)
+                && n > 0
+            {
+                info!(
+                    chains = n,
+                    "removed the iptables-mode rules of an earlier run"
+                );
+            }
+        }
+        ProxyModeArg::Iptables => {
+            if let Ok(n) = cleanup_nftables()
+                && n > 0
+            {
+                info!(
+                    tables = n,
+                    "removed the nftables-mode tables of an earlier run"
+                );
+            }
+        }
+        ProxyModeArg::Ipvs => {}
+    }
 }
 
 /// Whether this process may change netfilter rules (CAP_NET_ADMIN in its effective set).
@@ -208,22 +311,41 @@ async fn shutdown_signal() {
     }
 }
 
+/// Spawns one family's sync loop on `loops`.
+fn spawn_loop<P: Proxier + 'static>(
+    loops: &mut tokio::task::JoinSet<(IpFamily, Result<(), kp_runtime::RuntimeError>)>,
+    family: IpFamily,
+    sync_loop: SyncLoop<P>,
+    events: mpsc::Receiver<Vec<kp_model::SourceEvent>>,
+    mode: RunMode,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) {
+    loops.spawn(async move {
+        (
+            family,
+            sync_loop.run(events, mode, shutdown).await.map(|_| ()),
+        )
+    });
+}
+
 /// Runs the proxy as the flags say.
 ///
 /// # Errors
 /// Invalid flags, a missing source, a failed `--once`/`--cleanup`, or a source failure.
 pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
-    if args.proxy_mode != ProxyModeArg::Iptables {
+    if args.proxy_mode == ProxyModeArg::Ipvs {
         bail!(
-            "--proxy-mode {} is not implemented yet in kube-proxy-rs; use --proxy-mode iptables",
-            args.proxy_mode.name()
+            "--proxy-mode ipvs is not implemented yet in kube-proxy-rs; use --proxy-mode iptables or nftables"
         );
     }
-    let cfg = iptables_config(&args)?;
+    let nft_mode = args.proxy_mode == ProxyModeArg::Nftables;
+    let detector = local_detector(&args)?;
+    let ipt_cfg = iptables_config(&args, detector.clone())?;
+    let nft_cfg = nftables_config(&args, detector)?;
     let backend = backend(args.iptables_backend);
     if !args.dry_run && !has_net_admin() {
         bail!(
-            "changing iptables rules needs root (CAP_NET_ADMIN); run as root, or use --dry-run to preview the rules"
+            "changing netfilter rules needs root (CAP_NET_ADMIN); run as root, or use --dry-run to preview the rules"
         );
     }
     if args.cleanup {
@@ -243,9 +365,12 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         retry_interval: args.iptables_sync_period,
         ..RunnerConfig::default()
     };
-    info!(node = %node, mode = "iptables", manifests = %path.display(), "starting kube-proxy-rs");
+    info!(node = %node, mode = args.proxy_mode.name(), manifests = %path.display(), "starting kube-proxy-rs");
+    if !args.dry_run {
+        remove_other_mode(args.proxy_mode, backend);
+    }
 
-    let families = families(args.dry_run);
+    let families = families(args.proxy_mode, args.dry_run);
     info!(families = ?families, "programming these IP families");
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -284,30 +409,54 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
             let shutdown = async move {
                 let _ = stop.wait_for(|s| *s).await;
             };
+            let sink = Arc::new(std::sync::Mutex::new(String::new()));
             if args.dry_run {
-                let sink = Arc::new(std::sync::Mutex::new(String::new()));
                 outputs.push((family, sink.clone()));
-                let ipt = PrintingIptables {
-                    fake: FakeIptables::new(version),
-                    sink,
-                };
-                let proxier =
-                    IptablesProxier::new(family, cfg.clone(), ipt, Arc::new(ReadOnlyHost))?;
-                let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                loops.spawn(async move {
-                    (family, sync_loop.run(frx, mode, shutdown).await.map(|_| ()))
-                });
+            }
+            let host: Arc<dyn Host> = if args.dry_run {
+                Arc::new(ReadOnlyHost)
             } else {
-                let ipt = ExecIptables::new(version, backend);
-                let mut proxier = IptablesProxier::new(family, cfg.clone(), ipt, Arc::new(RealHost))?;
-                match kp_netlink::Conntrack::new() {
-                    Ok(ct) => proxier = proxier.with_conntrack(Box::new(ct)),
-                    Err(e) => warn!(%family, error = %e, "no netlink conntrack access: stale UDP conntrack entries will not be cleaned up"),
+                Arc::new(RealHost)
+            };
+            let conntrack = || match kp_netlink::Conntrack::new() {
+                Ok(ct) => Some(Box::new(ct)),
+                Err(e) => {
+                    warn!(%family, error = %e, "no netlink conntrack access: stale UDP conntrack entries will not be cleaned up");
+                    None
                 }
-                let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                loops.spawn(async move {
-                    (family, sync_loop.run(frx, mode, shutdown).await.map(|_| ()))
-                });
+            };
+            match (nft_mode, args.dry_run) {
+                (false, true) => {
+                    let ipt = PrintingIptables {
+                        fake: FakeIptables::new(version),
+                        sink,
+                    };
+                    let proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?;
+                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown);
+                }
+                (false, false) => {
+                    let ipt = ExecIptables::new(version, backend);
+                    let mut proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?;
+                    if let Some(ct) = conntrack() {
+                        proxier = proxier.with_conntrack(ct);
+                    }
+                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown);
+                }
+                (true, true) => {
+                    let proxier = NftablesProxier::new(family, nft_cfg.clone(), PrintingNft { sink }, host)?;
+                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown);
+                }
+                (true, false) => {
+                    let mut proxier = NftablesProxier::new(family, nft_cfg.clone(), ExecNft::new(), host)?;
+                    if let Some(ct) = conntrack() {
+                        proxier = proxier.with_conntrack(ct);
+                    }
+                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown);
+                }
             }
         }
         let fan_out = tokio::spawn(async move {
@@ -353,9 +502,10 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         fan_out.abort();
         for (family, sink) in outputs {
             let text = sink.lock().map(|s| s.clone()).unwrap_or_default();
-            let tool = match family {
-                IpFamily::V4 => "iptables-restore",
-                IpFamily::V6 => "ip6tables-restore",
+            let tool = match (nft_mode, family) {
+                (true, _) => "nft -f",
+                (false, IpFamily::V4) => "iptables-restore",
+                (false, IpFamily::V6) => "ip6tables-restore",
             };
             println!("# {family}: {tool} input");
             print!("{text}");
@@ -370,20 +520,26 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
 }
 
 /// The families to program: IPv4, and IPv6 when the kernel has it (`/proc/sys/net/ipv6`)
-/// and `ip6tables` runs (always in a dry run).
-fn families(dry_run: bool) -> Vec<IpFamily> {
+/// and the mode's tool runs (`ip6tables`, or `nft`; always in a dry run).
+fn families(mode: ProxyModeArg, dry_run: bool) -> Vec<IpFamily> {
     let mut out = vec![IpFamily::V4];
     let kernel_v6 = std::path::Path::new("/proc/sys/net/ipv6").exists();
-    if kernel_v6
-        && (dry_run
-            || ExecIptables::new(IpVersion::V6, Backend::Default)
-                .version()
-                .is_ok())
-    {
+    let tool_works = || match mode {
+        ProxyModeArg::Nftables => ExecNft::new().version().is_ok(),
+        _ => ExecIptables::new(IpVersion::V6, Backend::Default)
+            .version()
+            .is_ok(),
+    };
+    if kernel_v6 && (dry_run || tool_works()) {
         out.push(IpFamily::V6);
     } else {
         warn!(
-            "IPv6 is not available (no /proc/sys/net/ipv6 or no working ip6tables): programming IPv4 only"
+            "IPv6 is not available (no /proc/sys/net/ipv6, or no working {}): programming IPv4 only",
+            if mode == ProxyModeArg::Nftables {
+                "nft"
+            } else {
+                "ip6tables"
+            }
         );
     }
     out
@@ -412,5 +568,36 @@ impl Iptables for PrintingIptables {
     }
     fn version(&self) -> Result<kp_netfilter::IptablesVersion, kp_netfilter::Error> {
         self.fake.version()
+    }
+}
+
+/// The nft runner of `--dry-run`: an empty kernel that keeps every payload for printing.
+struct PrintingNft {
+    sink: Arc<std::sync::Mutex<String>>,
+}
+
+impl Nft for PrintingNft {
+    fn apply(&self, payload: &[u8]) -> Result<(), kp_netfilter::Error> {
+        if let Ok(mut s) = self.sink.lock() {
+            s.push_str(&String::from_utf8_lossy(payload));
+        }
+        Ok(())
+    }
+    fn list_table(&self, _: IpVersion, _: &str) -> Result<Option<String>, kp_netfilter::Error> {
+        Ok(None)
+    }
+    fn list_objects(&self, _: IpVersion, _: &str) -> Result<TableObjects, kp_netfilter::Error> {
+        Ok(TableObjects::default())
+    }
+    fn delete_table(&self, _: IpVersion, _: &str) -> Result<bool, kp_netfilter::Error> {
+        Ok(false)
+    }
+    fn version(&self) -> Result<NftVersion, kp_netfilter::Error> {
+        let (major, minor, patch) = kp_proxier::nftables::MIN_NFT_VERSION;
+        Ok(NftVersion {
+            major,
+            minor,
+            patch,
+        })
     }
 }

@@ -3,9 +3,10 @@
 //! From a manifest (default: the bundled seed example, one nginx Service with two Pods) it
 //! builds a `node` namespace (the node's InternalIP on a LAN), a `client` namespace on that
 //! LAN, and one backend namespace per endpoint IP, each serving HTTP on its target ports and
-//! answering with its own `ip:port`. It runs `kube-proxy-rs` inside the node namespace,
-//! waits until the rules are programmed, sends requests to every Service address from the
-//! client and from the node, and prints which backends answered, how often and how fast.
+//! answering with its own `ip:port`. It runs `kube-proxy-rs` (iptables or nftables mode)
+//! inside the node namespace, waits until the rules are programmed, sends requests to every
+//! Service address from the client and from the node, and prints which backends answered,
+//! how often and how fast.
 //! Everything it made (processes, namespaces, the temporary manifest) is removed at the end,
 //! on error and on Ctrl-C. It never touches the root network namespace.
 
@@ -33,21 +34,42 @@ use crate::cli::{ProxyModeArg, SandboxArgs};
 /// Time allowed for one request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 
-fn check_environment() -> anyhow::Result<()> {
+fn check_environment(mode: ProxyModeArg) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
         bail!("the sandbox creates network namespaces and needs root: run it as root (sudo)");
     }
-    for tool in ["ip", "iptables-restore", "iptables-save"] {
+    let tools: &[&str] = match mode {
+        ProxyModeArg::Nftables => &["ip", "nft"],
+        _ => &["ip", "iptables-restore", "iptables-save"],
+    };
+    for tool in tools {
         let found = std::env::var_os("PATH")
             .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()))
             .unwrap_or(false);
         if !found {
             bail!(
-                "`{tool}` is not installed: run scripts/install-deps (Debian packages iproute2, iptables)"
+                "`{tool}` is not installed: run scripts/install-deps (Debian packages iproute2, iptables, nftables)"
             );
         }
     }
     Ok(())
+}
+
+/// Whether the proxy in `ns` has programmed its rules: `KUBE-POSTROUTING` exists (iptables
+/// mode) or the `nat-postrouting` chain of table `ip kube-proxy` jumps to `masquerading`
+/// (nftables mode).
+fn programmed(ns: &Netns, mode: ProxyModeArg) -> bool {
+    match mode {
+        ProxyModeArg::Nftables => ns
+            .run(
+                "nft",
+                ["list", "chain", "ip", "kube-proxy", "nat-postrouting"],
+            )
+            .is_ok_and(|s| s.contains("jump masquerading")),
+        _ => ns
+            .run("iptables-save", ["-t", "nat"])
+            .is_ok_and(|s| s.contains("-A KUBE-POSTROUTING")),
+    }
 }
 
 /// The smallest network containing every address (for the client's route to Service IPs).
@@ -196,13 +218,13 @@ fn write_manifest(dir: &Path, args: &SandboxArgs) -> anyhow::Result<PathBuf> {
 /// Not root, tools missing, an unusable manifest, or a proxy that does not come up (its log
 /// is printed).
 pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
-    check_environment()?;
-    if args.proxy_mode != ProxyModeArg::Iptables {
+    check_environment(args.proxy_mode)?;
+    if args.proxy_mode == ProxyModeArg::Ipvs {
         bail!(
-            "--proxy-mode {} is not implemented yet; the sandbox runs iptables mode",
-            args.proxy_mode.name()
+            "--proxy-mode ipvs is not implemented yet; the sandbox runs iptables or nftables mode"
         );
     }
+    let mode = args.proxy_mode;
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = stop.clone();
@@ -324,7 +346,7 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
     let log_path = tmp.path().join("kube-proxy-rs.log");
     let log = std::fs::File::create(&log_path).context("creating the proxy log")?;
     let mut cmd = topology.node().command(&exe);
-    cmd.arg("--proxy-mode=iptables")
+    cmd.arg(format!("--proxy-mode={}", mode.name()))
         .arg("--manifests")
         .arg(&manifest)
         .arg("--hostname-override")
@@ -340,12 +362,7 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
     )?;
     let node_ns = topology.node();
     let programmed = proxy.wait_for(
-        || {
-            stop.load(Ordering::SeqCst)
-                || node_ns
-                    .run("iptables-save", ["-t", "nat"])
-                    .is_ok_and(|s| s.contains("-A KUBE-POSTROUTING"))
-        },
+        || stop.load(Ordering::SeqCst) || programmed(node_ns, mode),
         Duration::from_secs(30),
     );
     if let Err(e) = programmed {
@@ -356,7 +373,8 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
         bail!("interrupted");
     }
     println!(
-        "proxy: kube-proxy-rs --proxy-mode iptables --hostname-override {node_name} --cluster-cidr {cluster_cidr}, rules programmed in {:.2} s",
+        "proxy: kube-proxy-rs --proxy-mode {} --hostname-override {node_name} --cluster-cidr {cluster_cidr}, rules programmed in {:.2} s",
+        mode.name(),
         started.elapsed().as_secs_f64(),
     );
     println!(
@@ -388,18 +406,24 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
         report_service(svc, &snap, client, node, node_ip, n, &node_of, &stop)?;
     }
 
+    let (dump, dump_args): (&str, &[&str]) = match mode {
+        ProxyModeArg::Nftables => ("nft", &["list", "ruleset"]),
+        _ => ("iptables-save", &[]),
+    };
+    let dump_line = format!("{dump} {}", dump_args.join(" "));
     if args.show_rules {
-        println!("--- iptables-save in {} ---", node.name());
+        println!("--- {} in {} ---", dump_line.trim(), node.name());
         print!(
             "{}",
-            node.run("iptables-save", Vec::<&str>::new())
-                .context("iptables-save in the node namespace")?
+            node.run(dump, dump_args.iter().copied())
+                .with_context(|| format!("{dump} in the node namespace"))?
         );
     }
     if args.keep {
         println!(
-            "\nThe sandbox stays up; explore it with `ip netns exec {} iptables-save`. Ctrl-C removes it.",
-            node.name()
+            "\nThe sandbox stays up; explore it with `ip netns exec {} {}`. Ctrl-C removes it.",
+            node.name(),
+            dump_line.trim()
         );
         while !stop.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(200));

@@ -1,16 +1,29 @@
 //! `kube-proxy-rs trace`: where does this packet go, and why?
 //!
-//! Loads iptables rules (a dump file, standard input, or this node's live rules), completes a
-//! partial dump if needed, and runs the packet through [`kp_trace`]; prints the path for an
-//! operator or JSON for tools.
+//! Loads the rules — an `iptables-save` dump or an `nft -j list ruleset` dump (a file or
+//! standard input), or this node's live rules — completes a partial iptables dump if
+//! needed, and runs the packet through [`kp_trace`]; prints the path for an operator or
+//! JSON for tools.
+//!
+//! Which rules (`--mode`): a dump is traced as what it is (JSON is nftables). With
+//! `--live`, `auto` picks nftables when the node has kube-proxy's nftables table
+//! (`ip kube-proxy` / `ip6 kube-proxy`) and iptables otherwise. A node can have both —
+//! kubelet and CNI plugins write iptables rules of their own, and a node switched from
+//! iptables mode may keep old KUBE chains — so when it does, `auto` traces nftables (every
+//! nft table, which includes iptables-nft's, whose `xt` matches are reported unknown)
+//! and says that `--mode iptables` traces the iptables rules.
 
 use std::io::Read as _;
 use std::net::IpAddr;
 
 use anyhow::{Context, anyhow, bail};
-use kp_netfilter::{Backend, ExecIptables, IpVersion, Iptables, complete_partial_save, parse_save};
+use clap::ValueEnum;
+use kp_netfilter::{
+    Backend, ExecIptables, IpVersion, Iptables, Ruleset, complete_partial_save, parse_save,
+};
 use kp_proxier::{Host as _, RealHost};
-use kp_trace::{Entry, Host, Packet, render_text, trace};
+use kp_trace::nft::{NftRuleset, looks_like_json, parse_nft_json};
+use kp_trace::{Entry, Host, Packet, render_text, trace, trace_nft};
 
 use crate::cli::{TraceArgs, TraceFrom, TraceProto};
 
@@ -18,12 +31,26 @@ use crate::cli::{TraceArgs, TraceFrom, TraceProto};
 /// the node runs with `route_localnet=1`.
 const LOCALNET_GUARD: &str = "block incoming localnet connections";
 
-fn read_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<String> {
-    if args.live {
-        return ExecIptables::new(version, Backend::Default)
-            .save(None)
-            .map_err(|e| anyhow!("reading this node's rules: {e}"));
-    }
+/// `trace --mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TraceMode {
+    /// A dump: by its format; live: nftables if kube-proxy's nft table exists, else iptables.
+    Auto,
+    /// iptables rules (`iptables-save`).
+    Iptables,
+    /// nftables rules (`nft -j list ruleset`).
+    Nftables,
+}
+
+/// The rules to trace.
+enum Rules {
+    /// An iptables ruleset and its text (for the localnet guard).
+    Iptables(Ruleset, String),
+    /// An nftables ruleset.
+    Nftables(NftRuleset),
+}
+
+fn read_dump(args: &TraceArgs) -> anyhow::Result<String> {
     let path = args
         .rules
         .as_ref()
@@ -39,16 +66,7 @@ fn read_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<String> {
     }
 }
 
-/// Runs `trace`.
-///
-/// # Errors
-/// Unreadable or unparsable rules, inconsistent addresses, a missing --src for a pod.
-pub fn run(args: TraceArgs) -> anyhow::Result<()> {
-    let version = match args.dst {
-        IpAddr::V4(_) => IpVersion::V4,
-        IpAddr::V6(_) => IpVersion::V6,
-    };
-    let text = read_rules(&args, version)?;
+fn parse_iptables(text: String) -> anyhow::Result<Rules> {
     let rules = match parse_save(&text) {
         Ok(r) => r,
         Err(first) => {
@@ -59,6 +77,80 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
             r
         }
     };
+    Ok(Rules::Iptables(rules, text))
+}
+
+fn parse_nft(text: &str) -> anyhow::Result<Rules> {
+    parse_nft_json(text)
+        .map(Rules::Nftables)
+        .map_err(|e| anyhow!("the rules do not parse: {e}"))
+}
+
+/// `nft -j list ruleset` on this node.
+fn live_nft() -> anyhow::Result<NftRuleset> {
+    let out = std::process::Command::new("nft")
+        .args(["-j", "list", "ruleset"])
+        .output()
+        .context("running nft -j list ruleset")?;
+    if !out.status.success() {
+        bail!(
+            "nft -j list ruleset failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    parse_nft_json(&String::from_utf8_lossy(&out.stdout))
+        .map_err(|e| anyhow!("reading this node's nftables rules: {e}"))
+}
+
+fn live_iptables(version: IpVersion) -> anyhow::Result<String> {
+    ExecIptables::new(version, Backend::Default)
+        .save(None)
+        .map_err(|e| anyhow!("reading this node's rules: {e}"))
+}
+
+fn load_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<Rules> {
+    if !args.live {
+        let text = read_dump(args)?;
+        return match (looks_like_json(&text), args.mode) {
+            (true, TraceMode::Iptables) => {
+                bail!("--mode iptables needs an iptables-save dump, but the rules are JSON")
+            }
+            (true, _) => parse_nft(&text),
+            (false, TraceMode::Nftables) => {
+                bail!("--mode nftables needs an `nft -j list ruleset` dump (JSON)")
+            }
+            (false, _) => parse_iptables(text),
+        };
+    }
+    match args.mode {
+        TraceMode::Iptables => parse_iptables(live_iptables(version)?),
+        TraceMode::Nftables => Ok(Rules::Nftables(live_nft()?)),
+        TraceMode::Auto => match live_nft() {
+            Ok(nft) if nft.has_kube_proxy() => {
+                let ipt = live_iptables(version).unwrap_or_default();
+                if ipt.contains(":KUBE-SERVICES") {
+                    eprintln!(
+                        "note: tracing nftables rules (this node has kube-proxy's nftables                          table); it also has iptables KUBE-SERVICES rules: --mode iptables                          traces those"
+                    );
+                }
+                Ok(Rules::Nftables(nft))
+            }
+            _ => parse_iptables(live_iptables(version)?),
+        },
+    }
+}
+
+/// Runs `trace`.
+///
+/// # Errors
+/// Unreadable or unparsable rules, inconsistent addresses, a missing --src for a pod.
+pub fn run(args: TraceArgs) -> anyhow::Result<()> {
+    let version = match args.dst {
+        IpAddr::V4(_) => IpVersion::V4,
+        IpAddr::V6(_) => IpVersion::V6,
+    };
+    let rules = load_rules(&args, version)?;
+    let nft = matches!(rules, Rules::Nftables(_));
 
     let mut local: Vec<IpAddr> = args.node_ip.clone();
     if args.live {
@@ -77,9 +169,13 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                 .as_deref()
                 == Some("1")
         }
-        (None, false) => text.contains(LOCALNET_GUARD),
+        (None, false) => match &rules {
+            Rules::Iptables(_, text) => text.contains(LOCALNET_GUARD),
+            // kube-proxy's nftables mode has no localhost NodePorts.
+            Rules::Nftables(_) => false,
+        },
     };
-    let ipsets = match (&args.ipsets, args.live) {
+    let ipsets = match (&args.ipsets, args.live && !nft) {
         (Some(p), _) => {
             Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
         }
@@ -147,7 +243,11 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
             p
         }
     };
-    let result = trace(&rules, &host, &packet).map_err(|e| anyhow!("{e}"))?;
+    let result = match &rules {
+        Rules::Iptables(r, _) => trace(r, &host, &packet),
+        Rules::Nftables(r) => trace_nft(r, &host, &packet),
+    }
+    .map_err(|e| anyhow!("{e}"))?;
     if args.json {
         println!("{}", result.to_json().map_err(|e| anyhow!("{e}"))?);
     } else {

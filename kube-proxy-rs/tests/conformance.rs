@@ -3,7 +3,7 @@
 //! and come back as an `iptables-save` text, exactly what the tracer reads from a live node.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use kp_model::{Changes, IpFamily};
@@ -17,22 +17,24 @@ use kp_testkit::conformance::{
 };
 use kp_trace::{Entry, Packet, Trace, Verdict, trace};
 
-const MODE: &str = "iptables";
+fn local_detector(s: &Settings) -> LocalDetector {
+    match s.detect_local {
+        DetectLocal::ClusterCidr => {
+            LocalDetector::Cidrs(CLUSTER_CIDRS.iter().map(|c| c.parse().unwrap()).collect())
+        }
+        DetectLocal::NodeCidr => LocalDetector::NodeCidr,
+        DetectLocal::BridgeInterface => LocalDetector::BridgeInterface(POD_BRIDGE.to_string()),
+        DetectLocal::InterfaceNamePrefix => {
+            LocalDetector::InterfaceNamePrefix(POD_PREFIX.to_string())
+        }
+        DetectLocal::None => LocalDetector::None,
+    }
+}
 
 fn iptables_config(s: &Settings) -> IptablesConfig {
     IptablesConfig {
         masquerade_all: s.masquerade_all,
-        local_detector: match s.detect_local {
-            DetectLocal::ClusterCidr => {
-                LocalDetector::Cidrs(CLUSTER_CIDRS.iter().map(|c| c.parse().unwrap()).collect())
-            }
-            DetectLocal::NodeCidr => LocalDetector::NodeCidr,
-            DetectLocal::BridgeInterface => LocalDetector::BridgeInterface(POD_BRIDGE.to_string()),
-            DetectLocal::InterfaceNamePrefix => {
-                LocalDetector::InterfaceNamePrefix(POD_PREFIX.to_string())
-            }
-            DetectLocal::None => LocalDetector::None,
-        },
+        local_detector: local_detector(s),
         nodeport_addresses: NodePortAddresses::parse(&s.nodeport_addresses).unwrap(),
         localhost_nodeports: s.localhost_nodeports,
         ..IptablesConfig::default()
@@ -136,7 +138,11 @@ fn check(expect: &Expect, t: &Trace) -> Result<(), String> {
             }
         }
         Expect::Drop => {
-            if !t.outcomes.iter().all(|o| o.verdict == Verdict::Drop) {
+            if !t
+                .outcomes
+                .iter()
+                .all(|o| o.verdict == Verdict::Drop || o.delivery == kp_trace::Delivery::Dropped)
+            {
                 return Err(format!("expected DROP: {}", describe()));
             }
         }
@@ -164,44 +170,56 @@ fn check(expect: &Expect, t: &Trace) -> Result<(), String> {
     Ok(())
 }
 
-#[test]
-fn conformance_table_iptables_mode() {
+/// The rules of one family in a form the tracer evaluates.
+enum Rules {
+    Iptables(kp_netfilter::Ruleset),
+    Nftables(kp_trace::nft::NftRuleset),
+}
+
+/// Runs every row of every scenario against `rules_for(scenario, family)`; `mode` picks the
+/// rows' documented exceptions.
+fn run_table(mode: &str, mut rules_for: impl FnMut(&Scenario, IpFamily) -> (Rules, bool)) {
     let mut failures = Vec::new();
     let mut passed = 0;
     for scn in scenarios() {
-        let by_family: BTreeMap<IpFamily, (kp_netfilter::Ruleset, bool)> =
-            [IpFamily::V4, IpFamily::V6]
-                .into_iter()
-                .map(|f| (f, rules(&scn, f)))
-                .collect();
+        let by_family: BTreeMap<IpFamily, (Rules, bool)> = [IpFamily::V4, IpFamily::V6]
+            .into_iter()
+            .map(|f| (f, rules_for(&scn, f)))
+            .collect();
         for row in &scn.rows {
-            let (ruleset, route_localnet) = &by_family[&IpFamily::of(&row.dst)];
-            let mut host =
-                kp_trace::Host::new(scn.local_addrs.iter().copied().collect::<Vec<IpAddr>>());
+            let (rules, route_localnet) = &by_family[&IpFamily::of(&row.dst)];
+            let mut host = kp_trace::Host::new(scn.local_addrs.clone());
             host.route_localnet = *route_localnet;
             let expect = row
                 .exceptions
                 .iter()
-                .find(|(mode, _, _)| *mode == MODE)
+                .find(|(m, _, _)| *m == mode)
                 .map(|(_, e, _)| e)
                 .unwrap_or(&row.expect);
             let pkt = packet(row);
-            match trace(ruleset, &host, &pkt)
+            let traced = match rules {
+                Rules::Iptables(r) => trace(r, &host, &pkt),
+                Rules::Nftables(r) => kp_trace::trace_nft(r, &host, &pkt),
+            };
+            match traced
                 .map_err(|e| e.to_string())
                 .and_then(|t| check(expect, &t).map(|()| t))
             {
                 Ok(_) => passed += 1,
                 Err(e) => {
-                    let text = trace(ruleset, &host, &pkt)
-                        .map(|t| kp_trace::render_text(&t, &pkt))
-                        .unwrap_or_default();
+                    let text = match rules {
+                        Rules::Iptables(r) => trace(r, &host, &pkt),
+                        Rules::Nftables(r) => kp_trace::trace_nft(r, &host, &pkt),
+                    }
+                    .map(|t| kp_trace::render_text(&t, &pkt))
+                    .unwrap_or_default();
                     failures.push(format!("[{}] {}: {e}\n{text}", scn.name, row.name));
                 }
             }
         }
     }
     eprintln!(
-        "conformance ({MODE}): {passed} rows passed, {} failed",
+        "conformance ({mode}): {passed} rows passed, {} failed",
         failures.len()
     );
     assert!(
@@ -210,4 +228,63 @@ fn conformance_table_iptables_mode() {
         failures.len(),
         failures.join("\n\n")
     );
+}
+
+#[test]
+fn conformance_table_iptables_mode() {
+    run_table("iptables", |scn, family| {
+        let (rules, route_localnet) = rules(scn, family);
+        (Rules::Iptables(rules), route_localnet)
+    });
+}
+
+/// nftables mode: the rules are loaded into a network namespace with the real `nft`, and
+/// the tracer reads them back from `nft -j list ruleset`, exactly as from a live node.
+#[test]
+fn conformance_table_nftables_mode() {
+    if !kp_testkit::require_root() {
+        return;
+    }
+    run_table("nftables", |scn, family| {
+        let ns = kp_testkit::Netns::new("conform").unwrap();
+        let snap = snapshot_with_node(
+            family,
+            NODE,
+            Some(scn.node.clone()),
+            scn.services.clone(),
+            scn.slices.clone(),
+        );
+        let exec = Arc::new(kp_netfilter::SystemExec::with_prefix(vec![
+            "ip".into(),
+            "netns".into(),
+            "exec".into(),
+            ns.name().to_string(),
+        ]));
+        let cfg = kp_proxier::nftables::NftablesConfig {
+            masquerade_all: scn.settings.masquerade_all,
+            local_detector: local_detector(&scn.settings),
+            // The table's "no --nodeport-addresses" means every local address (upstream's
+            // nftables default is `primary`, so spell it out).
+            nodeport_addresses: if scn.settings.nodeport_addresses.is_empty() {
+                NodePortAddresses::all()
+            } else {
+                NodePortAddresses::parse(&scn.settings.nodeport_addresses).unwrap()
+            },
+            ..kp_proxier::nftables::NftablesConfig::default()
+        };
+        let host = Arc::new(FakeHost::with_addresses(scn.local_addrs.clone()));
+        let mut proxier = kp_proxier::nftables::NftablesProxier::new(
+            family,
+            cfg,
+            kp_netfilter::ExecNft::with_exec(exec),
+            host,
+        )
+        .unwrap();
+        proxier.sync(&snap, &Changes::default()).unwrap();
+        let json = ns.run("nft", ["-j", "list", "ruleset"]).unwrap();
+        (
+            Rules::Nftables(kp_trace::parse_nft_json(&json).unwrap()),
+            false,
+        )
+    });
 }

@@ -1,5 +1,6 @@
 //! `kube-proxy-rs trace` as an operator runs it: on upstream kube-proxy's seed dump, on a
-//! hand-written dump, and on live rules in a network namespace.
+//! hand-written dump, on an `nft -j list ruleset` dump, and on live rules (iptables and
+//! nftables) in a network namespace.
 
 use std::process::Command;
 
@@ -209,4 +210,225 @@ fn traces_live_rules_in_a_namespace() {
     // Outside traffic to 127.0.0.1 that no NodePort catches hits the localnet guard.
     let out = trace(&["--dst", "127.0.0.1", "--dport", "22"]);
     assert!(out.contains("DROP"), "{out}");
+}
+
+/// `nft -j list ruleset` (nft 1.0.6) after loading a trimmed version of upstream
+/// kube-proxy's nftables rules for the seed Service `default/nginx-svc` (ClusterIP
+/// 10.96.138.71:8080, endpoints 10.0.0.4:80 and 10.0.1.2:80).
+const NFT_DUMP: &str = r#"{"nftables": [
+{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}},
+{"table": {"family": "ip", "name": "kube-proxy", "handle": 1}},
+{"set": {"family": "ip", "name": "cluster-ips", "table": "kube-proxy", "type": "ipv4_addr", "handle": 1, "comment": "Active ClusterIPs", "elem": ["10.96.138.71"]}},
+{"map": {"family": "ip", "name": "service-ips", "table": "kube-proxy", "type": ["ipv4_addr", "inet_proto", "inet_service"], "handle": 2, "comment": "ClusterIP, ExternalIP and LoadBalancer IP traffic", "map": "verdict", "elem": [[{"concat": ["10.96.138.71", "tcp", 8080]}, {"goto": {"target": "service-O4TPQO6D-default/nginx-svc/tcp/"}}]]}},
+{"chain": {"family": "ip", "table": "kube-proxy", "name": "cluster-ips-check", "handle": 3}},
+{"chain": {"family": "ip", "table": "kube-proxy", "name": "filter-forward", "handle": 4, "type": "filter", "hook": "forward", "prio": 0, "policy": "accept"}},
+{"chain": {"family": "ip", "table": "kube-proxy", "name": "filter-output", "handle": 5, "type": "filter", "hook": "output", "prio": 0, "policy": "accept"}},
+{"chain": {"family": "ip", "table": "kube-proxy", "name": "nat-prerouting", "handle": 6, "type": "nat", "hook": "prerouting", "prio": -100, "policy": "accept"}},
+{"chain": {"family": "ip", "table": "kube-proxy", "name": "nat-output", "handle": 7, "type": "nat", "hook": "output", "prio": -100, "policy": "accept"}},
+{"chain": {"family": "ip", "table": "kube-proxy", "name": "services", "handle": 8}},
+{"chain": {"family": "ip", "table": "kube-proxy", "name": "service-O4TPQO6D-default/nginx-svc/tcp/", "handle": 15}},
+{"chain": {"family": "ip", "table": "kube-proxy", "name": "endpoint-GS5MQAG4-default/nginx-svc/tcp/__10.0.0.4/80", "handle": 16}},
+{"chain": {"family": "ip", "table": "kube-proxy", "name": "endpoint-H5CTQI4C-default/nginx-svc/tcp/__10.0.1.2/80", "handle": 17}},
+{"rule": {"family": "ip", "table": "kube-proxy", "chain": "cluster-ips-check", "handle": 9, "comment": "Reject traffic to invalid ports of ClusterIPs", "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "@cluster-ips"}}, {"reject": {"type": "icmp", "expr": "port-unreachable"}}]}},
+{"rule": {"family": "ip", "table": "kube-proxy", "chain": "filter-forward", "handle": 10, "expr": [{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": "new"}}, {"jump": {"target": "cluster-ips-check"}}]}},
+{"rule": {"family": "ip", "table": "kube-proxy", "chain": "filter-output", "handle": 11, "expr": [{"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": "new"}}, {"jump": {"target": "cluster-ips-check"}}]}},
+{"rule": {"family": "ip", "table": "kube-proxy", "chain": "nat-prerouting", "handle": 12, "expr": [{"jump": {"target": "services"}}]}},
+{"rule": {"family": "ip", "table": "kube-proxy", "chain": "nat-output", "handle": 13, "expr": [{"jump": {"target": "services"}}]}},
+{"rule": {"family": "ip", "table": "kube-proxy", "chain": "services", "handle": 14, "expr": [{"vmap": {"key": {"concat": [{"payload": {"protocol": "ip", "field": "daddr"}}, {"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]}, "data": "@service-ips"}}]}},
+{"rule": {"family": "ip", "table": "kube-proxy", "chain": "service-O4TPQO6D-default/nginx-svc/tcp/", "handle": 19, "expr": [{"vmap": {"key": {"numgen": {"mode": "random", "mod": 2, "offset": 0}}, "data": {"set": [[0, {"goto": {"target": "endpoint-GS5MQAG4-default/nginx-svc/tcp/__10.0.0.4/80"}}], [1, {"goto": {"target": "endpoint-H5CTQI4C-default/nginx-svc/tcp/__10.0.1.2/80"}}]]}}}]}},
+{"rule": {"family": "ip", "table": "kube-proxy", "chain": "endpoint-GS5MQAG4-default/nginx-svc/tcp/__10.0.0.4/80", "handle": 20, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}}, {"dnat": {"addr": "10.0.0.4", "port": 80}}]}},
+{"rule": {"family": "ip", "table": "kube-proxy", "chain": "endpoint-H5CTQI4C-default/nginx-svc/tcp/__10.0.1.2/80", "handle": 21, "expr": [{"match": {"op": "==", "left": {"meta": {"key": "l4proto"}}, "right": "tcp"}}, {"dnat": {"addr": "10.0.1.2", "port": 80}}]}}
+]}
+"#;
+
+/// The same rules as `nft -f` input.
+const NFT_RULES: &str = r#"add table ip kube-proxy { comment "rules for kube-proxy" ; }
+add set ip kube-proxy cluster-ips { type ipv4_addr ; comment "Active ClusterIPs" ; }
+add map ip kube-proxy service-ips { type ipv4_addr . inet_proto . inet_service : verdict ; comment "ClusterIP, ExternalIP and LoadBalancer IP traffic" ; }
+add chain ip kube-proxy cluster-ips-check
+add chain ip kube-proxy filter-forward { type filter hook forward priority 0 ; }
+add chain ip kube-proxy filter-output { type filter hook output priority 0 ; }
+add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }
+add chain ip kube-proxy nat-output { type nat hook output priority -100 ; }
+add chain ip kube-proxy services
+add rule ip kube-proxy cluster-ips-check ip daddr @cluster-ips reject comment "Reject traffic to invalid ports of ClusterIPs"
+add rule ip kube-proxy filter-forward ct state new jump cluster-ips-check
+add rule ip kube-proxy filter-output ct state new jump cluster-ips-check
+add rule ip kube-proxy nat-prerouting jump services
+add rule ip kube-proxy nat-output jump services
+add rule ip kube-proxy services ip daddr . meta l4proto . th dport vmap @service-ips
+add chain ip kube-proxy service-O4TPQO6D-default/nginx-svc/tcp/
+add chain ip kube-proxy endpoint-GS5MQAG4-default/nginx-svc/tcp/__10.0.0.4/80
+add chain ip kube-proxy endpoint-H5CTQI4C-default/nginx-svc/tcp/__10.0.1.2/80
+add rule ip kube-proxy service-O4TPQO6D-default/nginx-svc/tcp/ numgen random mod 2 vmap { 0 : goto endpoint-GS5MQAG4-default/nginx-svc/tcp/__10.0.0.4/80 , 1 : goto endpoint-H5CTQI4C-default/nginx-svc/tcp/__10.0.1.2/80 }
+add rule ip kube-proxy endpoint-GS5MQAG4-default/nginx-svc/tcp/__10.0.0.4/80 meta l4proto tcp dnat to 10.0.0.4:80
+add rule ip kube-proxy endpoint-H5CTQI4C-default/nginx-svc/tcp/__10.0.1.2/80 meta l4proto tcp dnat to 10.0.1.2:80
+add element ip kube-proxy cluster-ips { 10.96.138.71 }
+add element ip kube-proxy service-ips { 10.96.138.71 . tcp . 8080 : goto service-O4TPQO6D-default/nginx-svc/tcp/ }
+"#;
+
+#[test]
+fn traces_an_nft_json_dump() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ruleset.json");
+    std::fs::write(&file, NFT_DUMP).unwrap();
+    let file = file.to_str().unwrap();
+    let (ok, out, err) = run(&[
+        "trace",
+        "--rules",
+        file,
+        "--from",
+        "pod",
+        "--src",
+        "10.0.0.9",
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(
+            "ip kube-proxy services  ip daddr . meta l4proto . th dport vmap @service-ips  \
+             (@service-ips: 10.96.138.71 . tcp . 8080 : goto service-O4TPQO6D-default/nginx-svc/tcp/)"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "50.0%  -> endpoint-GS5MQAG4-default/nginx-svc/tcp/__10.0.0.4/80  DNAT 10.0.0.4:80  \
+             forwarded, not masqueraded, accepted"
+        ),
+        "{out}"
+    );
+    // The ping question, nftables edition.
+    let (ok, out, _) = run(&[
+        "trace",
+        "--rules",
+        file,
+        "--from",
+        "pod",
+        "--src",
+        "10.0.0.9",
+        "--dst",
+        "10.96.138.71",
+        "--proto",
+        "icmp",
+    ]);
+    assert!(ok);
+    assert!(
+        out.contains("REJECT icmp port-unreachable in cluster-ips-check")
+            && out.contains("Destination Port Unreachable"),
+        "{out}"
+    );
+    // JSON for tools says which rules were traced.
+    let (ok, out, _) = run(&[
+        "trace",
+        "--rules",
+        file,
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+        "--json",
+    ]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+    assert_eq!(v["mode"], "Nftables");
+    assert_eq!(v["outcomes"].as_array().map(Vec::len), Some(2));
+    // --mode must fit the dump.
+    let (ok, _, err) = run(&[
+        "trace",
+        "--rules",
+        file,
+        "--mode",
+        "iptables",
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ]);
+    assert!(!ok && err.contains("--mode iptables"), "{err}");
+    let (ok, _, err) = run(&[
+        "trace",
+        "--rules",
+        SEED_DUMP,
+        "--mode",
+        "nftables",
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ]);
+    assert!(!ok && err.contains("nft -j list ruleset"), "{err}");
+    std::fs::write(dir.path().join("bad.json"), "{\"nftables\": 3}").unwrap();
+    let (ok, _, err) = run(&[
+        "trace",
+        "--rules",
+        dir.path().join("bad.json").to_str().unwrap(),
+        "--dst",
+        "10.96.0.1",
+        "--dport",
+        "80",
+    ]);
+    assert!(!ok && err.contains("nftables JSON"), "{err}");
+}
+
+#[test]
+fn traces_live_nftables_rules_in_a_namespace() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("tracenft").unwrap();
+    let mut child = ns
+        .command("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), NFT_RULES.as_bytes()).unwrap();
+    assert!(child.wait().unwrap().success());
+    ns.run("ip", ["addr", "add", "192.168.56.10/24", "dev", "lo"])
+        .unwrap();
+    let trace = |args: &[&str]| {
+        let out = ns
+            .command(BIN)
+            .arg("trace")
+            .arg("--live")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // auto: the namespace has table ip kube-proxy, so its nftables rules are traced.
+    let out = trace(&["--dst", "10.96.138.71", "--dport", "8080"]);
+    assert!(
+        out.contains("ip kube-proxy nat-prerouting  jump services")
+            && out.contains("DNAT 10.0.0.4:80")
+            && out.contains("DNAT 10.0.1.2:80"),
+        "{out}"
+    );
+    // From the node: the output hook; the source defaults to the node's address.
+    let out = trace(&["--from", "node", "--dst", "10.96.138.71", "--dport", "8080"]);
+    assert!(
+        out.starts_with(
+            "packet tcp 192.168.56.10:40000 -> 10.96.138.71:8080 from the node (output)"
+        ) && out.contains("ip kube-proxy nat-output  jump services"),
+        "{out}"
+    );
+    // --mode iptables traces the (empty) iptables rules instead.
+    let out = trace(&[
+        "--mode",
+        "iptables",
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ]);
+    assert!(out.contains("no DNAT"), "{out}");
 }

@@ -56,9 +56,12 @@ impl ServicePortInfo {
             || !self.load_balancer_vips.is_empty()
     }
 
-    /// Whether some traffic to this port uses cluster-wide endpoints.
+    /// Whether some traffic to this port uses cluster-wide endpoints: internal traffic under
+    /// Cluster policy, or any external traffic (even under `externalTrafficPolicy: Local`,
+    /// pod and node traffic to an external address is short-circuited to the Cluster-policy
+    /// endpoints), as upstream's `UsesClusterEndpoints`.
     pub fn uses_cluster_endpoints(&self) -> bool {
-        !self.internal_policy_local || (self.externally_accessible() && !self.external_policy_local)
+        !self.internal_policy_local || self.externally_accessible()
     }
 
     /// Whether some traffic to this port uses only node-local endpoints.

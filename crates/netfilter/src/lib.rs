@@ -12,11 +12,20 @@
 //!   the binaries through an [`Exec`] seam) and a checking fake [`FakeIptables`] that
 //!   applies restore payloads with the kernel's checks.
 //!
+//! The [`nft`] module (also re-exported at the crate root) drives `nft`: the [`Nft`] runner
+//! trait (one `nft -f -` transaction per call) with its real implementation [`ExecNft`] over
+//! the same [`Exec`] seam, and a parser for nft's object listings ([`TableObjects`]).
+//!
 //! This crate deliberately knows nothing about Kubernetes objects: it does not depend on
 //! `kp-model`.
 
 mod error;
 pub mod iptables;
+pub mod nft;
 
 pub use error::{Error, ParseError};
 pub use iptables::*;
+pub use nft::{
+    BaseChainSpec, ExecNft, NFT_BINARY, Nft, NftVersion, SetInfo, TableObjects, canonical_listing,
+    family_name, parse_nft_duration, parse_objects, priority_value, quote,
+};

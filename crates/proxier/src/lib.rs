@@ -3,7 +3,8 @@
 //! A [`Proxier`] programs one IP family of the node from a [`Snapshot`](kp_model::Snapshot):
 //! it *renders* the desired rules (a pure function, golden-tested) and *reconciles* them with
 //! the kernel in one atomic transaction per sync. Each mode lives in its own module with the
-//! same file set (`names.rs`, `render.rs`, `reconcile.rs`); today: [`iptables`].
+//! same file set (`names.rs`, `render.rs`, `reconcile.rs`); today: [`iptables`] and
+//! [`nftables`].
 //!
 //! Shared pieces: [`conntrack`] (UDP stale-entry cleanup after a sync), [`LocalDetector`] (`--detect-local-mode`), [`NodePortAddresses`]
 //! (`--nodeport-addresses`) and the [`Host`] seam (local addresses, sysctls).
@@ -12,6 +13,7 @@ pub mod conntrack;
 pub mod host;
 pub mod iptables;
 pub mod local;
+pub mod nftables;
 pub mod nodeport;
 
 pub use host::{FakeHost, Host, RealHost};

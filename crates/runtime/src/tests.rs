@@ -254,7 +254,11 @@ impl SyncObserver for Recorder {
         _changes: &Changes,
         _node: Option<&kp_model::Node>,
     ) {
-        self.0.lock().unwrap().push(format!("synced ok={} services={}", result.is_ok(), snapshot.services.len()));
+        self.0.lock().unwrap().push(format!(
+            "synced ok={} services={}",
+            result.is_ok(),
+            snapshot.services.len()
+        ));
     }
 }
 
@@ -263,8 +267,12 @@ async fn the_observer_sees_start_queue_and_sync() {
     let script = Script::default();
     let (tx, rx) = mpsc::channel(8);
     let recorder = Arc::new(Recorder::default());
-    let sync_loop = SyncLoop::new(Tracker::new(IpFamily::V4, "n1"), FakeProxier(script.clone()), RunnerConfig::default())
-        .with_observer(recorder.clone());
+    let sync_loop = SyncLoop::new(
+        Tracker::new(IpFamily::V4, "n1"),
+        FakeProxier(script.clone()),
+        RunnerConfig::default(),
+    )
+    .with_observer(recorder.clone());
     let handle = tokio::spawn(sync_loop.run(rx, RunMode::Once, std::future::pending()));
     tx.send(vec![svc(1), svc(2)]).await.unwrap();
     tx.send(synced()).await.unwrap();
@@ -273,6 +281,12 @@ async fn the_observer_sees_start_queue_and_sync() {
     // `queued` may repeat while changes wait (the initial list completing is one more);
     // health only keeps the oldest.
     assert_eq!(log.first().map(String::as_str), Some("started IPv4"));
-    assert!(log[1..log.len() - 1].iter().all(|l| l == "queued 2"), "{log:?}");
-    assert_eq!(log.last().map(String::as_str), Some("synced ok=true services=2"));
+    assert!(
+        log[1..log.len() - 1].iter().all(|l| l == "queued 2"),
+        "{log:?}"
+    );
+    assert_eq!(
+        log.last().map(String::as_str),
+        Some("synced ok=true services=2")
+    );
 }

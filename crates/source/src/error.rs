@@ -41,6 +41,21 @@ pub enum SourceError {
         #[source]
         source: notify::Error,
     },
+
+    /// The API-server client could not be configured or built ([`crate::api::client`]): an
+    /// unreadable or invalid kubeconfig, a `--master` that is not a URL, no in-cluster
+    /// environment and no default kubeconfig, or a TLS/auth setup kube-rs refused.
+    ///
+    /// `Display` is `CONTEXT: ERROR`, e.g.
+    /// `cannot read kubeconfig /etc/kube/proxy.conf: failed to read kubeconfig ...`.
+    #[error("{context}: {source}")]
+    Client {
+        /// What was being done, naming the file or URL concerned.
+        context: String,
+        /// The underlying kube-rs error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl SourceError {

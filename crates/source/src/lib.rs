@@ -1,8 +1,8 @@
 //! kp-source: where Services, EndpointSlices and Nodes come from.
 //!
-//! Today the only source is a set of manifest files (`--manifests PATH`): ordinary Kubernetes
-//! YAML (or JSON), as `kubectl get -o yaml` prints it or as one would `kubectl apply` it.
-//! The crate has three layers:
+//! There are two sources: a set of manifest files (`--manifests PATH`): ordinary Kubernetes
+//! YAML (or JSON), as `kubectl get -o yaml` prints it or as one would `kubectl apply` it; and
+//! the API server ([`api`]). The crate has these layers:
 //!
 //! - [`convert`]: k8s-openapi objects → validated [`kp_model`] objects. Every value that can end
 //!   up in a rule (names, IPs, CIDRs, ports, enums) is checked here; an object with a problem is
@@ -16,7 +16,11 @@
 //!   instead of deleting live Services.
 //! - [`watch`]: the task that loads a path, sends the initial events, then watches the path
 //!   (inotify) and sends the differences whenever it changes.
+//! - [`api`]: the API-server source: list/watch of Services, EndpointSlices and this node's
+//!   Node with upstream kube-proxy's selectors (through kube-rs), validated by [`convert`]
+//!   with the same last-good policy, sending only differences, with a health signal.
 
+pub mod api;
 pub mod convert;
 pub mod last_good;
 pub mod manifests;

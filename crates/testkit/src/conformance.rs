@@ -48,7 +48,7 @@ pub enum Expect {
     /// DNAT to one of these endpoints (`ip:port` text), each equally likely; the flag says
     /// whether that branch is masqueraded.
     Backends(Vec<(&'static str, bool)>),
-    /// Dropped by the filter table (no REJECT).
+    /// Dropped: by a DROP rule, or by the kernel (e.g. martian traffic to 127.0.0.0/8).
     Drop,
     /// Rejected (ICMP port unreachable / TCP reset).
     Reject,
@@ -276,7 +276,22 @@ pub fn scenarios() -> Vec<Scenario> {
     out
 }
 
+/// Rows where upstream's nftables mode rejects traffic to a ClusterIP on a port no Service
+/// uses (its `cluster-ips-check` chain), where iptables mode leaves the packet alone.
+const NFT_CLUSTER_IPS_CHECK: &str = "nftables mode rejects traffic to a ClusterIP on a port no Service uses (upstream's cluster-ips-check chain)";
+
 fn cluster_ip() -> Scenario {
+    let mut s = cluster_ip_rows();
+    for r in &mut s.rows {
+        if matches!(r.expect, Expect::Unchanged) {
+            r.exceptions
+                .push(("nftables", Expect::Reject, NFT_CLUSTER_IPS_CHECK));
+        }
+    }
+    s
+}
+
+fn cluster_ip_rows() -> Scenario {
     let five = (1..=5).fold(SliceBuilder::new("five").port("", 8080), |b, i| {
         b.ready(&format!("10.0.2.{}", 10 + i), "node-b")
     });
@@ -640,7 +655,7 @@ fn node_ports() -> Scenario {
         if r.name.starts_with("outside traffic to 127.0.0.1") {
             r.exceptions.push((
                 "nftables",
-                Expect::Unchanged,
+                Expect::Drop,
                 "nftables mode does not set route_localnet, so the kernel itself drops martian 127.0.0.0/8 traffic; there is no KUBE-FIREWALL rule",
             ));
         }
@@ -974,6 +989,12 @@ fn internal_policy_local() -> Scenario {
                 .tcp("", 80)
                 .internal_local()
                 .build(),
+            ServiceBuilder::new("default/both-local", "10.96.0.82")
+                .tcp("", 80)
+                .node_port(30082)
+                .internal_local()
+                .external_local(None)
+                .build(),
         ],
         vec![
             two_eps("itp"),
@@ -981,6 +1002,7 @@ fn internal_policy_local() -> Scenario {
                 .port("", 8080)
                 .ready("10.0.2.5", "node-b")
                 .build(),
+            two_eps("both-local"),
         ],
         vec![
             row(
@@ -1000,6 +1022,42 @@ fn internal_policy_local() -> Scenario {
                 "10.96.0.81",
                 80,
                 Expect::Drop,
+            ),
+            row(
+                "both policies Local: ClusterIP uses local endpoints",
+                pod(),
+                POD,
+                TCP,
+                "10.96.0.82",
+                80,
+                Expect::Backends(vec![(L1, false)]),
+            ),
+            row(
+                "both policies Local: external NodePort traffic uses local endpoints",
+                From::External,
+                EXT,
+                TCP,
+                NODE_IP,
+                30082,
+                Expect::Backends(vec![(L1, false)]),
+            ),
+            row(
+                "both policies Local: pod traffic to the NodePort is short-circuited to all endpoints",
+                pod(),
+                POD,
+                TCP,
+                NODE_IP,
+                30082,
+                both(false),
+            ),
+            row(
+                "both policies Local: node traffic to the NodePort uses all endpoints, masqueraded",
+                From::Node,
+                NODE_IP,
+                TCP,
+                NODE_IP,
+                30082,
+                both(true),
             ),
         ],
     )

@@ -10,6 +10,9 @@
 //!   outcomes classified by [`ClientError`] (refused / timeout / unreachable).
 //! * [`process`]: [`ChildGuard`] (a child process stopped on drop) and [`wait_for`].
 //! * [`conformance`]: the packet-flow table every proxy mode must pass.
+//! * [`apiserver`]: [`apiserver::TestApiServer`], an in-process Kubernetes API server
+//!   (list/watch of Services, EndpointSlices and Nodes over loopback HTTP) for testing the
+//!   API-server source; it needs no root.
 //! * [`builders`]: Services, EndpointSlices and snapshots for unit tests; [`golden`]: the
 //!   bundled seed example and the in-order line check used by the golden tests.
 //!
@@ -33,6 +36,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod apiserver;
 pub mod backend;
 pub mod builders;
 pub mod client;

@@ -22,7 +22,7 @@ use kp_netfilter::{
 
 use crate::host::{Dim, SetValue};
 use crate::packet::endpoint;
-use crate::result::{Delivery, Effect, Outcome, Step, Trace, Verdict};
+use crate::result::{Delivery, Effect, Mode, Outcome, Step, Trace, Verdict};
 use crate::{Entry, Host, Packet, Proto, TraceError, TraceOptions};
 
 /// How deep chains may call each other before the trace gives up (kube-proxy's rules
@@ -394,10 +394,11 @@ impl<'a> Engine<'a> {
                 Flow::Return => {
                     if policy != "ACCEPT" || !chain.rules.is_empty() {
                         s.steps.push(Step {
-                            table,
+                            table: table.name().to_string(),
                             chain: hook.to_string(),
                             rule_index: None,
                             line: None,
+                            handle: None,
                             rule_text: format!("-P {hook} {policy}"),
                             effect: Effect::Policy,
                             detail: "policy".into(),
@@ -432,7 +433,7 @@ impl<'a> Engine<'a> {
     ) -> Result<Vec<(State, Flow)>, TraceError> {
         if depth > MAX_DEPTH {
             return Err(TraceError::ChainDepth {
-                table,
+                table: table.name().to_string(),
                 chain: name.to_string(),
                 limit: MAX_DEPTH,
             });
@@ -457,10 +458,11 @@ impl<'a> Engine<'a> {
                 let Some(rule) = chain.rules.get(i) else {
                     if !builtin && !matched_any {
                         st.steps.push(Step {
-                            table,
+                            table: table.name().to_string(),
                             chain: name.to_string(),
                             rule_index: None,
                             line: None,
+                            handle: None,
                             rule_text: String::new(),
                             effect: Effect::Return,
                             detail: "no rule matched".into(),
@@ -491,10 +493,11 @@ impl<'a> Engine<'a> {
                 }
                 matched_any = true;
                 let step = |effect: Effect, detail: String| Step {
-                    table,
+                    table: table.name().to_string(),
                     chain: name.to_string(),
                     rule_index: Some(i),
                     line: (rule.line > 0).then_some(rule.line),
+                    handle: None,
                     rule_text: rule.to_string(),
                     effect,
                     detail,
@@ -1058,6 +1061,7 @@ impl<'a> Engine<'a> {
             self.note(n);
         }
         Trace {
+            mode: Mode::Iptables,
             outcomes,
             notes: self.notes,
             original_dst: (p.dst, p.dport),

@@ -2,7 +2,7 @@
 
 use std::net::IpAddr;
 
-use kp_netfilter::{IpVersion, Table};
+use kp_netfilter::IpVersion;
 
 /// Everything that makes a trace impossible. Rules the tracer does not understand are
 /// *not* errors: they are reported in [`crate::Outcome::unknown`] and make the outcome
@@ -36,8 +36,8 @@ pub enum TraceError {
     /// (which the kernel would refuse to load) or is absurdly deep.
     #[error("{table} chain {chain} is nested more than {limit} calls deep (a jump loop?)")]
     ChainDepth {
-        /// Table of the chain where the limit was hit.
-        table: Table,
+        /// Table of the chain where the limit was hit (`nat`, or `ip kube-proxy`).
+        table: String,
         /// The chain being entered.
         chain: String,
         /// The depth limit.
@@ -59,6 +59,10 @@ pub enum TraceError {
         /// What is wrong.
         message: String,
     },
+    /// An `nft -j list ruleset` document could not be read: not JSON, or not the
+    /// libnftables schema (an object with an `nftables` array of objects).
+    #[error("nftables JSON: {0}")]
+    NftJson(String),
     /// JSON serialization failed (it cannot for the types of this crate; kept so that
     /// [`crate::Trace::to_json`] does not need to panic).
     #[error("JSON serialization: {0}")]

@@ -1,4 +1,10 @@
-//! kp-trace: a packet tracer over iptables rules.
+//! kp-trace: a packet tracer over iptables and nftables rules.
+//!
+//! Two front ends share one result: [`trace`] evaluates an `iptables-save` dump
+//! ([`kp_netfilter::Ruleset`]); [`nft::trace_nft`] evaluates `nft -j list ruleset`
+//! ([`nft::NftRuleset`], read with [`nft::parse_nft_json`]; its model is documented in
+//! [`nft`]). Both return a [`Trace`] (with [`Trace::mode`] saying which), rendered by
+//! [`render_text`]. The rest of this page describes the iptables model.
 //!
 //! "Why can't I reach (or ping) my ClusterIP?" — [`trace`] evaluates one packet (the
 //! first packet of a new connection) through a parsed [`Ruleset`] (our own rules, or any
@@ -90,6 +96,7 @@
 mod engine;
 mod error;
 mod host;
+pub mod nft;
 mod packet;
 mod render;
 mod result;
@@ -97,9 +104,10 @@ mod result;
 pub use engine::MAX_DEPTH;
 pub use error::TraceError;
 pub use host::{Host, IpSet, SetMember, SetPort, SetType};
+pub use nft::{parse_nft_json, trace_nft, trace_nft_with};
 pub use packet::{Entry, Packet, Proto};
 pub use render::render_text;
-pub use result::{Delivery, Destination, Effect, Outcome, Step, Trace, Verdict};
+pub use result::{Delivery, Destination, Effect, Mode, Outcome, Step, Trace, Verdict};
 
 use kp_netfilter::Ruleset;
 

@@ -3,14 +3,14 @@
 use std::fmt::Write as _;
 
 use crate::packet::endpoint;
-use crate::result::{Effect, Outcome, Step, Trace, Verdict};
+use crate::result::{Effect, Mode, Outcome, Step, Trace, Verdict};
 use crate::{Entry, Packet};
 
 /// Renders `trace` (of `packet`) for an operator: a header line, the steps every branch
-/// shares (one per line: table, chain, the rule as `iptables-save` prints it, and what
-/// it did), then one line per branch (probability, the chain that DNATed it, the new
-/// destination, where it goes, whether it is masqueraded, the verdict), then anything
-/// unknown and the notes.
+/// shares (one per line: table, chain, the rule as `iptables-save` prints it — or in
+/// `nft` syntax for nftables — and what it did), then one line per branch (probability,
+/// the chain that DNATed it, the new destination, where it goes, whether it is
+/// masqueraded, the verdict), then anything unknown and the notes.
 ///
 /// ```text
 /// packet tcp 192.168.56.100:40000 -> 10.96.138.71:8080 from external (PREROUTING)
@@ -18,14 +18,31 @@ use crate::{Entry, Packet};
 /// ...
 ///    50.0%  -> KUBE-SEP-GS5MQAG4332XHLUZ  DNAT 10.0.0.4:80  forwarded, masqueraded, filter ACCEPT
 /// ```
+///
+/// For nftables the hooks are named as `nft` names them and the tables by family and
+/// name:
+///
+/// ```text
+/// packet tcp 10.0.0.9:40000 -> 172.30.0.41:80 from a pod via veth1 (prerouting)
+/// ip kube-proxy nat-prerouting  jump services
+/// ip kube-proxy services  ip daddr . meta l4proto . th dport vmap @service-ips  (@service-ips: 172.30.0.41 . tcp . 80 : goto service-...)
+/// ...
+///    50.0%  -> endpoint-...__10.180.0.1/80  DNAT 10.180.0.1:80  forwarded, not masqueraded, accepted
+/// ```
 pub fn render_text(trace: &Trace, packet: &Packet) -> String {
     let mut out = String::new();
+    let nft = trace.mode == Mode::Nftables;
+    let (pre, output) = if nft {
+        ("prerouting", "output")
+    } else {
+        ("PREROUTING", "OUTPUT")
+    };
     let from = match &packet.entry {
-        Entry::Pod { iface } => format!("from a pod{} (PREROUTING)", via(iface.as_deref())),
+        Entry::Pod { iface } => format!("from a pod{} ({pre})", via(iface.as_deref())),
         Entry::External { iface } => {
-            format!("from external{} (PREROUTING)", via(iface.as_deref()))
+            format!("from external{} ({pre})", via(iface.as_deref()))
         }
-        Entry::Node => "from the node (OUTPUT)".to_string(),
+        Entry::Node => format!("from the node ({output})"),
     };
     let _ = writeln!(
         out,
@@ -82,6 +99,7 @@ fn common_prefix(outcomes: &[Outcome]) -> usize {
 fn step_line(s: &Step) -> String {
     let head = format!("{} {}", s.table, s.chain);
     match s.effect {
+        Effect::Policy if s.rule_text.starts_with("policy ") => format!("{head}  {}", s.rule_text),
         Effect::Policy => format!("{head}  {} (policy)", s.rule_text),
         Effect::Return if s.rule_index.is_none() => format!("{head}  (no rule matched: return)"),
         _ if s.detail.is_empty() => format!("{head}  {}", s.rule_text),
@@ -111,6 +129,7 @@ fn outcome_line(o: &Outcome, trace: &Trace) -> String {
         "not masqueraded"
     };
     let verdict = match &o.verdict {
+        Verdict::Accept if trace.mode == Mode::Nftables => "accepted".to_string(),
         Verdict::Accept => "filter ACCEPT".to_string(),
         v => {
             let by = o

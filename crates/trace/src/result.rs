@@ -3,8 +3,7 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use kp_netfilter::Table;
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 
 use crate::TraceError;
 
@@ -39,18 +38,13 @@ pub enum Effect {
     Policy,
 }
 
-/// Serializes a [`Table`] as its name (`"nat"`).
-fn table_name<S: Serializer>(t: &Table, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(t.name())
-}
-
 /// One event on the packet's path: a rule that matched, a policy, or a user chain
 /// left without any match.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Step {
-    /// Table.
-    #[serde(serialize_with = "table_name")]
-    pub table: Table,
+    /// Table: the iptables table's name (`nat`), or for nftables the family and the
+    /// table's name (`ip kube-proxy`).
+    pub table: String,
     /// Chain.
     pub chain: String,
     /// 0-based index of the rule in its chain (`iptables -L --line-numbers` shows this
@@ -58,8 +52,12 @@ pub struct Step {
     pub rule_index: Option<usize>,
     /// The rule's 1-based line in the parsed dump, when it came from text.
     pub line: Option<usize>,
-    /// The rule in canonical `iptables-save` form (`-A CHAIN ...`); `-P CHAIN POLICY`
-    /// for a policy; empty for the end of a user chain.
+    /// nftables only: the rule's handle (`nft -a list ruleset` prints it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub handle: Option<u64>,
+    /// The rule in canonical `iptables-save` form (`-A CHAIN ...`), or for nftables in
+    /// `nft` syntax (rebuilt from the JSON dump); `-P CHAIN POLICY` (`policy drop`) for a
+    /// policy; empty for the end of a user chain.
     pub rule_text: String,
     /// What happened.
     pub effect: Effect,
@@ -150,9 +148,20 @@ pub struct Destination {
     pub delivery: Delivery,
 }
 
+/// Which kind of rules a trace evaluated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub enum Mode {
+    /// iptables rules (an `iptables-save` dump): [`crate::trace`].
+    Iptables,
+    /// nftables rules (an `nft -j list ruleset` dump): [`crate::nft::trace_nft`].
+    Nftables,
+}
+
 /// The result of tracing one packet.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Trace {
+    /// The rules' kind.
+    pub mode: Mode,
     /// The branches, in rule order (the first endpoint of a Service first).
     pub outcomes: Vec<Outcome>,
     /// Explanations and the assumptions made (session affinity, ignored options,

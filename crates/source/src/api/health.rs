@@ -1,0 +1,224 @@
+//! [`SourceHealth`]: whether the API source is connected, from what each kind's requests and
+//! watch streams do.
+//!
+//! kube's watcher says when something failed but not when a retried watch has succeeded (a
+//! re-established watch emits nothing until an object changes), so each kind's client is
+//! wrapped ([`instrumented`]) to see every HTTP response: a `2xx` (or `410 Gone`, which is
+//! part of the protocol) means the server is reachable for that kind; another status or a
+//! transport error means it is not. The watcher's own errors (a broken stream, an `ERROR`
+//! event) count as failures too, and every event it delivers as a success.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use kp_model::ObjectKind;
+use kube::Client;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+/// The API source's connection state, for health reporting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceHealth {
+    /// Not every kind has had a successful request yet, and none has failed.
+    Connecting,
+    /// The last request (or watch event) of every kind succeeded.
+    Connected,
+    /// The last request of at least one kind failed: the proxy is not receiving changes of
+    /// that kind and keeps programming what it has.
+    Disconnected {
+        /// When the oldest ongoing failure started.
+        since: Instant,
+        /// The latest error of that kind, e.g. `Service watch: failed to perform initial
+        /// object list: ...` or `EndpointSlice: HTTP 503 Service Unavailable`.
+        error: String,
+    },
+}
+
+impl SourceHealth {
+    /// Whether the source is [`SourceHealth::Connected`].
+    pub fn is_connected(&self) -> bool {
+        matches!(self, SourceHealth::Connected)
+    }
+}
+
+/// One kind's last outcome.
+#[derive(Debug, Clone)]
+enum KindHealth {
+    Unknown,
+    Ok,
+    Failed { since: Instant, error: String },
+}
+
+struct State {
+    kinds: [KindHealth; 3],
+}
+
+/// The shared health of the three kinds, published on a watch channel.
+#[derive(Clone)]
+pub(crate) struct Health {
+    state: Arc<Mutex<State>>,
+    tx: watch::Sender<SourceHealth>,
+}
+
+fn index(kind: ObjectKind) -> usize {
+    match kind {
+        ObjectKind::Service => 0,
+        ObjectKind::EndpointSlice => 1,
+        ObjectKind::Node => 2,
+    }
+}
+
+impl Health {
+    pub(crate) fn new(tx: watch::Sender<SourceHealth>) -> Self {
+        Health {
+            state: Arc::new(Mutex::new(State {
+                kinds: [
+                    KindHealth::Unknown,
+                    KindHealth::Unknown,
+                    KindHealth::Unknown,
+                ],
+            })),
+            tx,
+        }
+    }
+
+    /// The recorder of one kind.
+    pub(crate) fn probe(&self, kind: ObjectKind) -> Probe {
+        Probe {
+            health: self.clone(),
+            kind,
+        }
+    }
+
+    fn set(&self, kind: ObjectKind, outcome: Result<(), String>) {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let slot = &mut state.kinds[index(kind)];
+        match (outcome, &*slot) {
+            (Ok(()), KindHealth::Ok) => return,
+            (Ok(()), KindHealth::Failed { .. }) => {
+                info!(kind = ?kind, "API server reachable again");
+                *slot = KindHealth::Ok;
+            }
+            (Ok(()), KindHealth::Unknown) => *slot = KindHealth::Ok,
+            (Err(error), KindHealth::Failed { since, .. }) => {
+                *slot = KindHealth::Failed {
+                    since: *since,
+                    error,
+                };
+            }
+            (Err(error), _) => {
+                warn!(kind = ?kind, %error, "API server unreachable; keeping the current rules and retrying");
+                *slot = KindHealth::Failed {
+                    since: Instant::now(),
+                    error,
+                };
+            }
+        }
+        let summary = summarize(&state.kinds);
+        self.tx.send_if_modified(|current| {
+            if *current == summary {
+                false
+            } else {
+                *current = summary;
+                true
+            }
+        });
+    }
+}
+
+fn summarize(kinds: &[KindHealth; 3]) -> SourceHealth {
+    let failed = kinds
+        .iter()
+        .filter_map(|k| match k {
+            KindHealth::Failed { since, error } => Some((*since, error)),
+            _ => None,
+        })
+        .min_by_key(|(since, _)| *since);
+    if let Some((since, error)) = failed {
+        return SourceHealth::Disconnected {
+            since,
+            error: error.clone(),
+        };
+    }
+    if kinds.iter().all(|k| matches!(k, KindHealth::Ok)) {
+        SourceHealth::Connected
+    } else {
+        SourceHealth::Connecting
+    }
+}
+
+/// Records the outcomes of one kind's requests.
+#[derive(Clone)]
+pub(crate) struct Probe {
+    health: Health,
+    kind: ObjectKind,
+}
+
+impl Probe {
+    /// A request or event of this kind succeeded.
+    pub(crate) fn success(&self) {
+        self.health.set(self.kind, Ok(()));
+    }
+
+    /// A request of this kind failed.
+    pub(crate) fn failure(&self, error: String) {
+        self.health.set(self.kind, Err(error));
+    }
+}
+
+/// A client that sends through `client` and tells `probe` how each request went.
+pub(crate) fn instrumented(client: &Client, probe: Probe) -> Client {
+    let inner = client.clone();
+    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let inner = inner.clone();
+        let probe = probe.clone();
+        async move {
+            let result = inner.send(request).await;
+            match &result {
+                Ok(response) => {
+                    let status = response.status();
+                    if status.is_success() || status == http::StatusCode::GONE {
+                        probe.success();
+                    } else {
+                        probe.failure(format!("{:?}: HTTP {status}", probe.kind));
+                    }
+                }
+                Err(e) => probe.failure(format!("{:?}: {e}", probe.kind)),
+            }
+            result
+        }
+    });
+    Client::new(service, client.default_namespace())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_summarizes_the_kinds() {
+        let (tx, rx) = watch::channel(SourceHealth::Connecting);
+        let health = Health::new(tx);
+        health.probe(ObjectKind::Service).success();
+        health.probe(ObjectKind::EndpointSlice).success();
+        assert_eq!(*rx.borrow(), SourceHealth::Connecting);
+        health.probe(ObjectKind::Node).success();
+        assert!(rx.borrow().is_connected());
+        health.probe(ObjectKind::Node).failure("down".into());
+        let first = rx.borrow().clone();
+        let SourceHealth::Disconnected { since, error } = first else {
+            panic!("expected disconnected, got {first:?}");
+        };
+        assert_eq!(error, "down");
+        health.probe(ObjectKind::Node).failure("still down".into());
+        assert_eq!(
+            *rx.borrow(),
+            SourceHealth::Disconnected {
+                since,
+                error: "still down".into()
+            }
+        );
+        health.probe(ObjectKind::Node).success();
+        assert!(rx.borrow().is_connected());
+    }
+}

@@ -1,0 +1,366 @@
+//! [`Store`]: what the API source has delivered of one kind, and the events that bring the
+//! proxy from there to what the API server says now.
+//!
+//! Pure and synchronous; [`super::ApiSource::run`] feeds it the watcher's events.
+
+use std::collections::{BTreeMap, HashMap};
+
+use kp_model::{EndpointSlice, Node, ObjectKind, Service, SourceEvent};
+
+use super::ApiObjectError;
+use crate::SourceError;
+use crate::manifests::ObjectKey;
+
+/// A converted object type the store can deliver.
+pub(crate) trait Model: PartialEq + Clone {
+    /// The upsert event carrying the object.
+    fn upsert(self) -> SourceEvent;
+}
+
+impl Model for Service {
+    fn upsert(self) -> SourceEvent {
+        SourceEvent::ServiceUpsert(self)
+    }
+}
+
+impl Model for EndpointSlice {
+    fn upsert(self) -> SourceEvent {
+        SourceEvent::SliceUpsert(self)
+    }
+}
+
+impl Model for Node {
+    fn upsert(self) -> SourceEvent {
+        SourceEvent::NodeUpsert(self)
+    }
+}
+
+/// The delete event for `key`.
+fn delete_event(key: &ObjectKey) -> SourceEvent {
+    match key {
+        ObjectKey::Service(name) => SourceEvent::ServiceDelete(name.clone()),
+        ObjectKey::EndpointSlice(name) => SourceEvent::SliceDelete(name.clone()),
+        ObjectKey::Node(name) => SourceEvent::NodeDelete(name.clone()),
+    }
+}
+
+/// What [`crate::convert`] made of one API object.
+#[derive(Debug)]
+pub(crate) enum Outcome<M> {
+    /// Valid: deliver it.
+    Valid(M),
+    /// Not for this proxy (the reason, for the debug log): never delivered.
+    Ignored(String),
+    /// Invalid: keep the last valid version, if any.
+    Invalid(SourceError),
+}
+
+/// A listed object, while a (re)list is being collected.
+#[derive(Debug)]
+enum Listed<M> {
+    Valid(M),
+    /// Listed but invalid: its last valid version (if any) stays.
+    Invalid,
+}
+
+/// The state of one kind; see the parent module's documentation for the policy.
+#[derive(Debug)]
+pub(crate) struct Store<M> {
+    kind: ObjectKind,
+    /// What the proxy has been sent, by key.
+    delivered: BTreeMap<ObjectKey, M>,
+    /// The last error text reported per object, so each is reported once.
+    reported: HashMap<ObjectKey, String>,
+    /// The list being collected (between the first `InitApply` and `InitDone`).
+    listing: Option<BTreeMap<ObjectKey, Listed<M>>>,
+    /// Whether [`SourceEvent::Synced`] was sent.
+    synced: bool,
+}
+
+impl<M: Model> Store<M> {
+    /// An empty store of `kind`.
+    pub(crate) fn new(kind: ObjectKind) -> Self {
+        Store {
+            kind,
+            delivered: BTreeMap::new(),
+            reported: HashMap::new(),
+            listing: None,
+            synced: false,
+        }
+    }
+
+    /// The kind stored.
+    pub(crate) fn kind(&self) -> ObjectKind {
+        self.kind
+    }
+
+    /// A watch event `ADDED`/`MODIFIED`: the events it causes (none, one upsert or one
+    /// delete).
+    pub(crate) fn apply(
+        &mut self,
+        key: ObjectKey,
+        outcome: Outcome<M>,
+        errors: &dyn Fn(&ApiObjectError),
+    ) -> Vec<SourceEvent> {
+        match outcome {
+            Outcome::Valid(object) => {
+                self.reported.remove(&key);
+                if self.delivered.get(&key) == Some(&object) {
+                    return Vec::new();
+                }
+                self.delivered.insert(key, object.clone());
+                vec![object.upsert()]
+            }
+            Outcome::Ignored(why) => {
+                tracing::debug!(object = %key, reason = %why, "ignoring object");
+                self.reported.remove(&key);
+                self.delete(&key)
+            }
+            Outcome::Invalid(error) => {
+                self.report(&key, &error, errors);
+                Vec::new()
+            }
+        }
+    }
+
+    /// A watch event `DELETED`: a delete when the object was delivered.
+    pub(crate) fn delete(&mut self, key: &ObjectKey) -> Vec<SourceEvent> {
+        self.reported.remove(key);
+        match self.delivered.remove(key) {
+            Some(_) => vec![delete_event(key)],
+            None => Vec::new(),
+        }
+    }
+
+    /// One object of a (re)list; nothing is sent until [`Store::list_done`].
+    pub(crate) fn list_apply(
+        &mut self,
+        key: ObjectKey,
+        outcome: Outcome<M>,
+        errors: &dyn Fn(&ApiObjectError),
+    ) {
+        let listed = match outcome {
+            Outcome::Valid(object) => Listed::Valid(object),
+            Outcome::Ignored(why) => {
+                tracing::debug!(object = %key, reason = %why, "ignoring object");
+                return;
+            }
+            Outcome::Invalid(error) => {
+                self.report(&key, &error, errors);
+                Listed::Invalid
+            }
+        };
+        self.listing.get_or_insert_default().insert(key, listed);
+    }
+
+    /// Drops a partly collected list (the watcher will list again from the start).
+    pub(crate) fn abort_list(&mut self) {
+        self.listing = None;
+    }
+
+    /// The end of a (re)list: the events that turn what was delivered into what was listed
+    /// (upserts of new and changed objects, then deletes of vanished ones), followed by
+    /// [`SourceEvent::Synced`] the first time.
+    pub(crate) fn list_done(&mut self) -> Vec<SourceEvent> {
+        let listed = self.listing.take().unwrap_or_default();
+        let mut next: BTreeMap<ObjectKey, M> = BTreeMap::new();
+        for (key, entry) in listed {
+            match entry {
+                Listed::Valid(object) => {
+                    self.reported.remove(&key);
+                    next.insert(key, object);
+                }
+                Listed::Invalid => {
+                    if let Some(old) = self.delivered.get(&key) {
+                        next.insert(key, old.clone());
+                    }
+                }
+            }
+        }
+        let mut events = Vec::new();
+        for (key, object) in &next {
+            if self.delivered.get(key) != Some(object) {
+                events.push(object.clone().upsert());
+            }
+        }
+        for key in self.delivered.keys() {
+            if !next.contains_key(key) {
+                events.push(delete_event(key));
+            }
+        }
+        // Errors of objects that are gone may be reported again if they come back.
+        self.reported
+            .retain(|key, _| next.contains_key(key) || self.delivered.contains_key(key));
+        self.delivered = next;
+        if !self.synced {
+            self.synced = true;
+            events.push(SourceEvent::Synced(self.kind));
+        }
+        events
+    }
+
+    /// Passes an invalid object's error to `errors`, unless it was the last one reported
+    /// for that object.
+    fn report(&mut self, key: &ObjectKey, error: &SourceError, errors: &dyn Fn(&ApiObjectError)) {
+        let (field, message) = match error {
+            SourceError::Invalid { field, message } => (field.clone(), message.clone()),
+            other => (String::new(), other.to_string()),
+        };
+        let error = ApiObjectError {
+            object: key.clone(),
+            field,
+            message,
+            kept: self.delivered.contains_key(key),
+        };
+        let text = error.to_string();
+        if self.reported.get(key) == Some(&text) {
+            return;
+        }
+        tracing::debug!(error = %text, "invalid object from the API server");
+        errors(&error);
+        self.reported.insert(key.clone(), text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use kp_model::NamespacedName;
+
+    use super::*;
+
+    /// A stand-in model: a name and a version.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Obj(&'static str, u32);
+
+    impl Model for Obj {
+        fn upsert(self) -> SourceEvent {
+            SourceEvent::NodeUpsert(Node {
+                name: format!("{}-{}", self.0, self.1),
+                ..Node::default()
+            })
+        }
+    }
+
+    fn key(name: &str) -> ObjectKey {
+        ObjectKey::Node(name.to_string())
+    }
+
+    fn up(name: &str, v: u32) -> SourceEvent {
+        SourceEvent::NodeUpsert(Node {
+            name: format!("{name}-{v}"),
+            ..Node::default()
+        })
+    }
+
+    fn bad() -> Outcome<Obj> {
+        Outcome::Invalid(SourceError::invalid("spec.x", "bad"))
+    }
+
+    #[test]
+    fn relist_sends_only_the_difference_and_synced_once() {
+        let errs = RefCell::new(Vec::new());
+        let report = |e: &ApiObjectError| errs.borrow_mut().push(e.to_string());
+        let mut store = Store::new(ObjectKind::Node);
+        store.list_apply(key("a"), Outcome::Valid(Obj("a", 1)), &report);
+        store.list_apply(key("b"), Outcome::Valid(Obj("b", 1)), &report);
+        store.list_apply(key("c"), Outcome::Valid(Obj("c", 1)), &report);
+        assert_eq!(
+            store.list_done(),
+            vec![
+                up("a", 1),
+                up("b", 1),
+                up("c", 1),
+                SourceEvent::Synced(ObjectKind::Node)
+            ]
+        );
+        // Relist: a unchanged, b changed, c gone, d new.
+        store.list_apply(key("a"), Outcome::Valid(Obj("a", 1)), &report);
+        store.list_apply(key("b"), Outcome::Valid(Obj("b", 2)), &report);
+        store.list_apply(key("d"), Outcome::Valid(Obj("d", 1)), &report);
+        assert_eq!(
+            store.list_done(),
+            vec![up("b", 2), up("d", 1), SourceEvent::NodeDelete("c".into())]
+        );
+        // An empty relist deletes everything.
+        assert_eq!(
+            store.list_done(),
+            vec![
+                SourceEvent::NodeDelete("a".into()),
+                SourceEvent::NodeDelete("b".into()),
+                SourceEvent::NodeDelete("d".into()),
+            ]
+        );
+        assert!(errs.borrow().is_empty());
+    }
+
+    #[test]
+    fn invalid_objects_keep_the_last_valid_version_and_are_reported_once() {
+        let errs = RefCell::new(Vec::new());
+        let report = |e: &ApiObjectError| errs.borrow_mut().push(e.to_string());
+        let mut store = Store::new(ObjectKind::Node);
+        assert_eq!(
+            store.apply(key("a"), Outcome::Valid(Obj("a", 1)), &report),
+            vec![up("a", 1)]
+        );
+        assert!(store.apply(key("a"), bad(), &report).is_empty());
+        assert!(store.apply(key("a"), bad(), &report).is_empty());
+        assert!(store.apply(key("new"), bad(), &report).is_empty());
+        assert_eq!(
+            *errs.borrow(),
+            vec![
+                "Node a: spec.x: bad; keeping the last valid version".to_string(),
+                "Node new: spec.x: bad".to_string(),
+            ]
+        );
+        // A relist with the invalid version keeps the old one: nothing to send.
+        store.list_apply(key("a"), bad(), &report);
+        store.list_apply(key("new"), bad(), &report);
+        assert_eq!(
+            store.list_done(),
+            vec![SourceEvent::Synced(ObjectKind::Node)]
+        );
+        assert_eq!(errs.borrow().len(), 2);
+        // Fixed: delivered.
+        assert_eq!(
+            store.apply(key("a"), Outcome::Valid(Obj("a", 2)), &report),
+            vec![up("a", 2)]
+        );
+    }
+
+    #[test]
+    fn ignored_and_deleted_objects_are_deleted_once() {
+        let report = |_: &ApiObjectError| {};
+        let mut store = Store::new(ObjectKind::Service);
+        let svc = ObjectKey::Service(NamespacedName::new("default", "web"));
+        assert_eq!(
+            store.apply(svc.clone(), Outcome::Valid(Obj("web", 1)), &report),
+            vec![up("web", 1)]
+        );
+        assert!(
+            store
+                .apply(svc.clone(), Outcome::Valid(Obj("web", 1)), &report)
+                .is_empty()
+        );
+        assert_eq!(
+            store.apply(svc.clone(), Outcome::Ignored("label".into()), &report),
+            vec![SourceEvent::ServiceDelete(NamespacedName::new(
+                "default", "web"
+            ))]
+        );
+        assert!(store.delete(&svc).is_empty());
+    }
+
+    #[test]
+    fn an_aborted_list_is_forgotten() {
+        let report = |_: &ApiObjectError| {};
+        let mut store = Store::new(ObjectKind::Node);
+        store.list_apply(key("a"), Outcome::Valid(Obj("a", 1)), &report);
+        store.abort_list();
+        assert_eq!(
+            store.list_done(),
+            vec![SourceEvent::Synced(ObjectKind::Node)]
+        );
+    }
+}

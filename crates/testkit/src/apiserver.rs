@@ -1,0 +1,1176 @@
+//! [`TestApiServer`]: a small in-process Kubernetes API server for testing API clients.
+//!
+//! It serves Services, EndpointSlices and Nodes over plain HTTP on `127.0.0.1:<random port>`
+//! and speaks enough of the real list/watch wire protocol for kube-rs's `watcher` (and so
+//! for anything built like client-go's reflector):
+//!
+//! - **Paths**: `GET /api/v1/services`, `GET /apis/discovery.k8s.io/v1/endpointslices` and
+//!   `GET /api/v1/nodes` (all namespaces; the per-namespace paths are served too), plus the
+//!   discovery documents `/version`, `/api`, `/apis` and `/healthz`. Anything else is a
+//!   404 `Status`.
+//! - **List**: a `ServiceList` (etc.) with `metadata.resourceVersion`, items sorted by
+//!   namespace/name and without `apiVersion`/`kind` (as the real server prints them).
+//!   `labelSelector` and `fieldSelector` filter; `limit` and `continue` paginate, every page
+//!   coming from the same snapshot (the continue token names the snapshot's resourceVersion;
+//!   a token older than the last [`TestApiServer::expire_watches`] is answered `410 Gone`).
+//!   `resourceVersion`/`resourceVersionMatch` on a list are accepted and ignored (the list
+//!   is always the most recent state).
+//! - **Watch** (`watch=true` or `watch=1`): `200 OK` with a chunked body of JSON lines
+//!   `{"type":"ADDED"|"MODIFIED"|"DELETED"|"BOOKMARK"|"ERROR","object":{...}}`.
+//!   With `resourceVersion=N` it first replays every change after N, then streams live
+//!   changes; with no `resourceVersion` or `0` it starts with an `ADDED` for every current
+//!   object. As on the real server, the selectors apply to each change: an object that stops
+//!   matching is sent as `DELETED` (its previous version, at the new resourceVersion), one
+//!   that starts matching as `ADDED`. `allowWatchBookmarks=true` enables `BOOKMARK` events
+//!   (sent by [`TestApiServer::bookmark`]); `timeoutSeconds` ends the stream cleanly after
+//!   that long. A watch from a resourceVersion older than the last
+//!   [`TestApiServer::expire_watches`] gets `200 OK` and one `ERROR` event with a `Status`
+//!   of code 410 (`reason: Expired`), exactly like the real server's watch cache, and then
+//!   the stream ends.
+//! - **resourceVersion**: one counter for all kinds, incremented by every change; each
+//!   stored object carries it in `metadata.resourceVersion` (and gets a `metadata.uid`).
+//! - **Selectors**: label requirements `key`, `!key`, `key=value`, `key==value`,
+//!   `key!=value`, `key in (a,b)`, `key notin (a,b)`, comma-separated; field requirements
+//!   `metadata.name` and `metadata.namespace` with `=`, `==` or `!=`. Anything else is a
+//!   `400 Bad Request` `Status`, as the real server answers.
+//!
+//! The test controls what happens: [`TestApiServer::upsert`] / [`TestApiServer::delete`]
+//! change objects, [`TestApiServer::drop_connections`] breaks every open watch mid-stream
+//! (the chunked body is cut without its terminating chunk),
+//! [`TestApiServer::expire_watches`] makes every watch older than now relist,
+//! [`TestApiServer::set_unavailable`] answers everything `503` (and breaks open watches),
+//! and [`TestApiServer::requests`] tells what the client asked for.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use k8s_openapi::api::core::v1::Service;
+//! use kp_testkit::apiserver::{ApiKind, TestApiServer};
+//!
+//! let server = TestApiServer::start().await?;
+//! let client = server.client()?;
+//! let mut svc = Service::default();
+//! svc.metadata.name = Some("web".into());
+//! svc.metadata.namespace = Some("default".into());
+//! server.upsert(&svc)?;
+//! let api: kube::Api<Service> = kube::Api::all(client);
+//! # let _ = api;
+//! server.delete(ApiKind::Service, "default", "web");
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::{broadcast, mpsc};
+use tokio::task::JoinHandle;
+
+/// What can go wrong while starting the server or storing an object.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiServerError {
+    /// The listener could not be bound or read.
+    #[error("test API server: {0}")]
+    Io(#[from] std::io::Error),
+    /// The object could not be serialized to JSON.
+    #[error("test API server: cannot serialize object: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The object is not a JSON object, or lacks `metadata.name`.
+    #[error("test API server: {0}")]
+    BadObject(String),
+    /// The object's `kind` is not one the server stores.
+    #[error("test API server: unsupported kind {0:?} (Service, EndpointSlice or Node)")]
+    UnknownKind(String),
+    /// The server URL is not a valid URI (cannot happen for a bound loopback address).
+    #[error("test API server: bad URL: {0}")]
+    Url(String),
+    /// The kube client could not be built.
+    #[error("test API server: cannot build client: {0}")]
+    Client(#[from] kube::Error),
+}
+
+/// A kind of object the server stores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ApiKind {
+    /// `v1` `Service` (namespaced), at `/api/v1/services`.
+    Service,
+    /// `discovery.k8s.io/v1` `EndpointSlice` (namespaced), at
+    /// `/apis/discovery.k8s.io/v1/endpointslices`.
+    EndpointSlice,
+    /// `v1` `Node` (cluster-scoped), at `/api/v1/nodes`.
+    Node,
+}
+
+impl ApiKind {
+    /// Every kind.
+    pub const ALL: [ApiKind; 3] = [ApiKind::Service, ApiKind::EndpointSlice, ApiKind::Node];
+
+    /// The `kind` field.
+    pub fn kind(self) -> &'static str {
+        match self {
+            ApiKind::Service => "Service",
+            ApiKind::EndpointSlice => "EndpointSlice",
+            ApiKind::Node => "Node",
+        }
+    }
+
+    /// The `apiVersion` field.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            ApiKind::Service | ApiKind::Node => "v1",
+            ApiKind::EndpointSlice => "discovery.k8s.io/v1",
+        }
+    }
+
+    /// Whether objects of this kind live in a namespace.
+    pub fn namespaced(self) -> bool {
+        self != ApiKind::Node
+    }
+
+    fn from_kind(kind: &str) -> Option<ApiKind> {
+        ApiKind::ALL.into_iter().find(|k| k.kind() == kind)
+    }
+
+    /// The kind a request path lists, and the namespace it is limited to.
+    fn from_path(path: &str) -> Option<(ApiKind, Option<String>)> {
+        let path = path.trim_end_matches('/');
+        let (prefix, rest) = if let Some(rest) = path.strip_prefix("/api/v1/") {
+            ("core", rest)
+        } else if let Some(rest) = path.strip_prefix("/apis/discovery.k8s.io/v1/") {
+            ("discovery", rest)
+        } else {
+            return None;
+        };
+        let (namespace, resource) = match rest.strip_prefix("namespaces/") {
+            Some(rest) => match rest.split_once('/') {
+                Some((ns, resource)) => (Some(ns.to_string()), resource),
+                None => return None,
+            },
+            None => (None, rest),
+        };
+        let kind = match (prefix, resource) {
+            ("core", "services") => ApiKind::Service,
+            ("core", "nodes") if namespace.is_none() => ApiKind::Node,
+            ("discovery", "endpointslices") => ApiKind::EndpointSlice,
+            _ => return None,
+        };
+        Some((kind, namespace))
+    }
+}
+
+impl fmt::Display for ApiKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.kind())
+    }
+}
+
+/// One request the server received (for assertions: how many lists, from which
+/// resourceVersion a watch resumed, ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiRequest {
+    /// The kind listed or watched; `None` for other paths.
+    pub kind: Option<ApiKind>,
+    /// Whether it was a watch (`watch=true`).
+    pub watch: bool,
+    /// The `resourceVersion` parameter, when given.
+    pub resource_version: Option<String>,
+    /// The path and query as received.
+    pub uri: String,
+}
+
+/// The test API server; see the module documentation. Dropping it stops accepting
+/// connections and breaks every open watch.
+pub struct TestApiServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+/// Identity of a stored object.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Key {
+    kind: ApiKind,
+    namespace: String,
+    name: String,
+}
+
+/// One change, as kept in the history: the object before and after (`None` when absent).
+#[derive(Debug)]
+struct Change {
+    rv: u64,
+    kind: ApiKind,
+    old: Option<Value>,
+    new: Option<Value>,
+}
+
+/// What open watches are told.
+#[derive(Debug, Clone)]
+enum Msg {
+    Change(Arc<Change>),
+    /// Cut every open watch mid-stream.
+    Drop,
+    /// Send `ERROR` 410 and end every open watch.
+    Expire,
+    /// Send a `BOOKMARK` at this resourceVersion.
+    Bookmark(u64),
+}
+
+#[derive(Default)]
+struct Store {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    history: Vec<Arc<Change>>,
+    /// Watches (and continue tokens) from a resourceVersion below this are expired.
+    compacted: u64,
+    unavailable: bool,
+    requests: Vec<ApiRequest>,
+}
+
+struct Shared {
+    store: Mutex<Store>,
+    events: broadcast::Sender<Msg>,
+    open_watches: [AtomicUsize; 3],
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn open(&self, kind: ApiKind) -> &AtomicUsize {
+        &self.open_watches[kind as usize]
+    }
+}
+
+impl TestApiServer {
+    /// Starts the server on `127.0.0.1:0`, empty, at resourceVersion 1.
+    ///
+    /// # Errors
+    /// [`ApiServerError::Io`] when the listener cannot be bound.
+    pub async fn start() -> Result<TestApiServer, ApiServerError> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (events, _) = broadcast::channel(4096);
+        let shared = Arc::new(Shared {
+            store: Mutex::new(Store {
+                rv: 1,
+                ..Store::default()
+            }),
+            events,
+            open_watches: Default::default(),
+        });
+        let app = Router::new().fallback(handle).with_state(shared.clone());
+        let task = tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::warn!(error = %e, "test API server stopped");
+            }
+        });
+        Ok(TestApiServer { addr, shared, task })
+    }
+
+    /// The base URL, `http://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A kube client for this server (`kube::Config::new(url)`: plain HTTP, no auth), with
+    /// kube's retry of `503` responses turned off as `kp_source::api::client` does (with it,
+    /// [`TestApiServer::set_unavailable`] would hold each request for minutes).
+    ///
+    /// # Errors
+    /// [`ApiServerError::Client`] when kube cannot build the client.
+    pub fn client(&self) -> Result<kube::Client, ApiServerError> {
+        let uri = self
+            .url()
+            .parse()
+            .map_err(|e: axum::http::uri::InvalidUri| ApiServerError::Url(e.to_string()))?;
+        let mut config = kube::Config::new(uri);
+        config.default_retry = false;
+        Ok(kube::Client::try_from(config)?)
+    }
+
+    /// Adds or replaces an object (a k8s-openapi `Service`, `EndpointSlice` or `Node`).
+    /// Returns its new resourceVersion. See [`TestApiServer::upsert_value`].
+    ///
+    /// # Errors
+    /// See [`TestApiServer::upsert_value`].
+    pub fn upsert<K>(&self, object: &K) -> Result<u64, ApiServerError>
+    where
+        K: k8s_openapi::Resource + Serialize,
+    {
+        let mut value = serde_json::to_value(object)?;
+        if let Some(map) = value.as_object_mut() {
+            map.insert("apiVersion".into(), K::API_VERSION.into());
+            map.insert("kind".into(), K::KIND.into());
+        }
+        self.upsert_value(value)
+    }
+
+    /// Adds or replaces an object given as JSON (which lets a test store what k8s-openapi
+    /// could not build). `kind` chooses the collection; `apiVersion` is set from it; a
+    /// namespaced object without `metadata.namespace` goes to `default`. The server sets
+    /// `metadata.resourceVersion` (a new one), and `metadata.uid` (kept across updates).
+    /// Open watches see `ADDED` or `MODIFIED`. Returns the new resourceVersion.
+    ///
+    /// # Errors
+    /// [`ApiServerError::BadObject`] when `object` is not a JSON object or has no
+    /// `metadata.name`; [`ApiServerError::UnknownKind`] for another kind.
+    pub fn upsert_value(&self, mut object: Value) -> Result<u64, ApiServerError> {
+        let map = object
+            .as_object_mut()
+            .ok_or_else(|| ApiServerError::BadObject("the object is not a JSON object".into()))?;
+        let kind_text = map.get("kind").and_then(Value::as_str).unwrap_or("");
+        let kind = ApiKind::from_kind(kind_text)
+            .ok_or_else(|| ApiServerError::UnknownKind(kind_text.to_string()))?;
+        map.insert("apiVersion".into(), kind.api_version().into());
+        let meta = map
+            .entry("metadata")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .ok_or_else(|| ApiServerError::BadObject("metadata is not an object".into()))?;
+        let name = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ApiServerError::BadObject("metadata.name is missing".into()))?
+            .to_string();
+        let namespace = if kind.namespaced() {
+            let ns = meta
+                .get("namespace")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .unwrap_or("default")
+                .to_string();
+            meta.insert("namespace".into(), ns.clone().into());
+            ns
+        } else {
+            meta.remove("namespace");
+            String::new()
+        };
+        let key = Key {
+            kind,
+            namespace,
+            name,
+        };
+
+        let mut store = self.shared.lock();
+        store.rv += 1;
+        let rv = store.rv;
+        let old = store.objects.get(&key).cloned();
+        let uid = old
+            .as_ref()
+            .and_then(|o| o.pointer("/metadata/uid"))
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("uid-{rv}"), str::to_string);
+        meta.insert("resourceVersion".into(), rv.to_string().into());
+        meta.insert("uid".into(), uid.into());
+        store.objects.insert(key, object.clone());
+        self.record(&mut store, kind, old, Some(object));
+        Ok(rv)
+    }
+
+    /// Deletes an object (`namespace` is ignored for Nodes). Open watches see `DELETED`
+    /// with the last version of the object at the new resourceVersion. Returns the new
+    /// resourceVersion, or `None` when there was no such object.
+    pub fn delete(&self, kind: ApiKind, namespace: &str, name: &str) -> Option<u64> {
+        let key = Key {
+            kind,
+            namespace: if kind.namespaced() {
+                namespace.to_string()
+            } else {
+                String::new()
+            },
+            name: name.to_string(),
+        };
+        let mut store = self.shared.lock();
+        let old = store.objects.remove(&key)?;
+        store.rv += 1;
+        let rv = store.rv;
+        self.record(&mut store, kind, Some(old), None);
+        Some(rv)
+    }
+
+    /// Appends a change to the history and tells open watches (under the lock, so the
+    /// order of messages is the order of changes).
+    fn record(&self, store: &mut Store, kind: ApiKind, old: Option<Value>, new: Option<Value>) {
+        let change = Arc::new(Change {
+            rv: store.rv,
+            kind,
+            old,
+            new,
+        });
+        store.history.push(change.clone());
+        let _ = self.shared.events.send(Msg::Change(change));
+    }
+
+    /// Cuts every open watch mid-stream: the connection is closed without the chunked
+    /// body's terminating chunk, as when a load balancer or the network drops it. The
+    /// client is expected to watch again from the last resourceVersion it saw.
+    pub fn drop_connections(&self) {
+        let _store = self.shared.lock();
+        let _ = self.shared.events.send(Msg::Drop);
+    }
+
+    /// Expires every resourceVersion up to now (as an etcd compaction would): the
+    /// resourceVersion is bumped, every open watch gets an `ERROR` event with code 410 and
+    /// ends, and any later watch from an older resourceVersion gets the same. The client is
+    /// expected to list again.
+    pub fn expire_watches(&self) {
+        let mut store = self.shared.lock();
+        store.rv += 1;
+        store.compacted = store.rv;
+        let _ = self.shared.events.send(Msg::Expire);
+    }
+
+    /// Sends a `BOOKMARK` at the current resourceVersion on every open watch that asked
+    /// for bookmarks.
+    pub fn bookmark(&self) {
+        let store = self.shared.lock();
+        let _ = self.shared.events.send(Msg::Bookmark(store.rv));
+    }
+
+    /// While `true`, every request is answered `503 Service Unavailable` (a `Status`), and
+    /// turning it on cuts every open watch.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        let mut store = self.shared.lock();
+        store.unavailable = unavailable;
+        if unavailable {
+            let _ = self.shared.events.send(Msg::Drop);
+        }
+    }
+
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.shared.lock().rv
+    }
+
+    /// Every request received so far, oldest first.
+    pub fn requests(&self) -> Vec<ApiRequest> {
+        self.shared.lock().requests.clone()
+    }
+
+    /// How many list (not watch) requests of `kind` were received so far.
+    pub fn list_count(&self, kind: ApiKind) -> usize {
+        self.shared
+            .lock()
+            .requests
+            .iter()
+            .filter(|r| r.kind == Some(kind) && !r.watch)
+            .count()
+    }
+
+    /// How many watches of `kind` are open now.
+    pub fn open_watches(&self, kind: ApiKind) -> usize {
+        self.shared.open(kind).load(Ordering::SeqCst)
+    }
+
+    /// Waits (up to `timeout`) until at least `n` watches of every kind in `kinds` are
+    /// open; returns whether they are.
+    pub async fn wait_for_watches(&self, kinds: &[ApiKind], n: usize, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if kinds.iter().all(|k| self.open_watches(*k) >= n) {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for TestApiServer {
+    fn drop(&mut self) {
+        let _ = self.shared.events.send(Msg::Drop);
+        self.task.abort();
+    }
+}
+
+/// A `Status` response.
+fn status(code: StatusCode, reason: &str, message: &str) -> Response {
+    let body = status_json(code.as_u16(), reason, message);
+    (
+        code,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+fn status_json(code: u16, reason: &str, message: &str) -> Value {
+    json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    })
+}
+
+fn json_response(value: &Value) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        value.to_string(),
+    )
+        .into_response()
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let path = uri.path().to_string();
+    let target = ApiKind::from_path(&path);
+    let watch = matches!(
+        query.get("watch").map(String::as_str),
+        Some("true" | "1" | "True")
+    );
+    let resource_version = query.get("resourceVersion").cloned();
+    {
+        let mut store = shared.lock();
+        store.requests.push(ApiRequest {
+            kind: target.as_ref().map(|(k, _)| *k),
+            watch,
+            resource_version: resource_version.clone(),
+            uri: uri.to_string(),
+        });
+        if store.unavailable {
+            return status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                "the test API server is unavailable",
+            );
+        }
+    }
+    if method != Method::GET {
+        return status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "the test API server only serves GET",
+        );
+    }
+    let Some((kind, namespace)) = target else {
+        return discovery(&path);
+    };
+    let selector = match Selector::parse(&query, namespace) {
+        Ok(s) => s,
+        Err(message) => return status(StatusCode::BAD_REQUEST, "BadRequest", &message),
+    };
+    if watch {
+        start_watch(&shared, kind, selector, &query, resource_version)
+    } else {
+        list(&shared, kind, &selector, &query)
+    }
+}
+
+/// The discovery documents kube-rs and kubectl may ask for.
+fn discovery(path: &str) -> Response {
+    match path.trim_end_matches('/') {
+        "/version" => json_response(&json!({
+            "major": "1",
+            "minor": "35",
+            "gitVersion": "v1.35.0-kp-testkit",
+            "gitCommit": "",
+            "gitTreeState": "clean",
+            "buildDate": "2026-01-01T00:00:00Z",
+            "goVersion": "go1.25",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        })),
+        "/api" => json_response(&json!({
+            "kind": "APIVersions",
+            "versions": ["v1"],
+            "serverAddressByClientCIDRs": [],
+        })),
+        "/apis" => json_response(&json!({
+            "kind": "APIGroupList",
+            "apiVersion": "v1",
+            "groups": [{
+                "name": "discovery.k8s.io",
+                "versions": [{"groupVersion": "discovery.k8s.io/v1", "version": "v1"}],
+                "preferredVersion": {"groupVersion": "discovery.k8s.io/v1", "version": "v1"},
+            }],
+        })),
+        "/healthz" | "/readyz" | "/livez" => (StatusCode::OK, "ok").into_response(),
+        _ => status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("the server could not find the requested resource ({path})"),
+        ),
+    }
+}
+
+/// Answers a list, one page of it when `limit` is given.
+fn list(
+    shared: &Shared,
+    kind: ApiKind,
+    selector: &Selector,
+    query: &HashMap<String, String>,
+) -> Response {
+    let store = shared.lock();
+    let (snapshot_rv, offset) = match query.get("continue").filter(|c| !c.is_empty()) {
+        None => (store.rv, 0),
+        Some(token) => {
+            let parsed = token
+                .split_once(':')
+                .and_then(|(rv, off)| Some((rv.parse::<u64>().ok()?, off.parse::<usize>().ok()?)));
+            match parsed {
+                Some((rv, _)) if rv < store.compacted => {
+                    return status(
+                        StatusCode::GONE,
+                        "Expired",
+                        "The provided continue parameter is too old to display a consistent \
+                         list result. You can start a new list without the continue parameter.",
+                    );
+                }
+                Some(p) => p,
+                None => {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        &format!("invalid continue token {token:?}"),
+                    );
+                }
+            }
+        }
+    };
+    let objects: Vec<Value> = if snapshot_rv == store.rv {
+        store
+            .objects
+            .iter()
+            .filter(|(k, v)| k.kind == kind && selector.matches(v))
+            .map(|(_, v)| v.clone())
+            .collect()
+    } else {
+        // Rebuild the snapshot the first page was cut from.
+        let mut at: BTreeMap<Key, Value> = BTreeMap::new();
+        for change in store.history.iter().take_while(|c| c.rv <= snapshot_rv) {
+            if change.kind != kind {
+                continue;
+            }
+            let Some(key) = change
+                .new
+                .as_ref()
+                .or(change.old.as_ref())
+                .map(|v| key_of(kind, v))
+            else {
+                continue;
+            };
+            match &change.new {
+                Some(v) => at.insert(key, v.clone()),
+                None => at.remove(&key),
+            };
+        }
+        at.into_values().filter(|v| selector.matches(v)).collect()
+    };
+    let limit = query
+        .get("limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .filter(|l| *l > 0);
+    let end = limit.map_or(objects.len(), |l| {
+        offset.saturating_add(l).min(objects.len())
+    });
+    let items: Vec<Value> = objects
+        .get(offset.min(objects.len())..end)
+        .unwrap_or_default()
+        .iter()
+        .map(|o| {
+            let mut item = o.clone();
+            if let Some(map) = item.as_object_mut() {
+                map.remove("apiVersion");
+                map.remove("kind");
+            }
+            item
+        })
+        .collect();
+    let mut metadata = json!({"resourceVersion": snapshot_rv.to_string()});
+    if end < objects.len() {
+        metadata["continue"] = format!("{snapshot_rv}:{end}").into();
+        metadata["remainingItemCount"] = (objects.len() - end).into();
+    }
+    json_response(&json!({
+        "kind": format!("{}List", kind.kind()),
+        "apiVersion": kind.api_version(),
+        "metadata": metadata,
+        "items": items,
+    }))
+}
+
+fn key_of(kind: ApiKind, object: &Value) -> Key {
+    let text = |p: &str| {
+        object
+            .pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string()
+    };
+    Key {
+        kind,
+        namespace: text("/metadata/namespace"),
+        name: text("/metadata/name"),
+    }
+}
+
+/// One line of a watch stream.
+fn event_line(kind: &str, object: &Value) -> String {
+    let mut line = json!({"type": kind, "object": object}).to_string();
+    line.push('\n');
+    line
+}
+
+/// `object` with `metadata.resourceVersion` set to `rv`.
+fn at_rv(object: &Value, rv: u64) -> Value {
+    let mut o = object.clone();
+    if let Some(meta) = o.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert("resourceVersion".into(), rv.to_string().into());
+    }
+    o
+}
+
+/// The watch event a change makes for a watcher with `selector`, if any.
+fn change_line(change: &Change, selector: &Selector) -> Option<String> {
+    let old = change.old.as_ref().filter(|o| selector.matches(o));
+    let new = change.new.as_ref().filter(|o| selector.matches(o));
+    match (old, new) {
+        (Some(_), Some(new)) => Some(event_line("MODIFIED", new)),
+        (None, Some(new)) => Some(event_line("ADDED", new)),
+        (Some(old), None) => Some(event_line("DELETED", &at_rv(old, change.rv))),
+        (None, None) => None,
+    }
+}
+
+type Chunk = Result<String, std::io::Error>;
+
+/// Starts a watch: subscribes under the lock, collects what is due before now, and streams
+/// the rest from a task.
+fn start_watch(
+    shared: &Arc<Shared>,
+    kind: ApiKind,
+    selector: Selector,
+    query: &HashMap<String, String>,
+    resource_version: Option<String>,
+) -> Response {
+    let bookmarks = matches!(
+        query.get("allowWatchBookmarks").map(String::as_str),
+        Some("true" | "1" | "True")
+    );
+    let timeout = query
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .filter(|t| *t > 0)
+        .map(Duration::from_secs);
+    let mut first: Vec<String> = Vec::new();
+    let mut expired = false;
+    let (rx, from) = {
+        let store = shared.lock();
+        let rx = shared.events.subscribe();
+        let from = match resource_version
+            .as_deref()
+            .filter(|r| !r.is_empty() && *r != "0")
+        {
+            None => {
+                for (key, object) in &store.objects {
+                    if key.kind == kind && selector.matches(object) {
+                        first.push(event_line("ADDED", object));
+                    }
+                }
+                store.rv
+            }
+            Some(text) => {
+                let Ok(from) = text.parse::<u64>() else {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        &format!("invalid resourceVersion {text:?}"),
+                    );
+                };
+                if from < store.compacted {
+                    expired = true;
+                    first.push(expired_line(from, store.compacted));
+                } else {
+                    for change in store.history.iter().filter(|c| c.rv > from) {
+                        if change.kind == kind
+                            && let Some(line) = change_line(change, &selector)
+                        {
+                            first.push(line);
+                        }
+                    }
+                }
+                from.max(store.rv)
+            }
+        };
+        (rx, from)
+    };
+
+    let (tx, out) = mpsc::channel::<Chunk>(64);
+    let watch = Watch {
+        shared: shared.clone(),
+        kind,
+        selector,
+        bookmarks,
+        tx,
+    };
+    tokio::spawn(watch.run(rx, first, expired, from, timeout));
+    let stream = futures::stream::unfold(out, |mut out| async move {
+        out.recv().await.map(|chunk| (chunk, out))
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| {
+            status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "cannot build response",
+            )
+        })
+}
+
+fn expired_line(from: u64, compacted: u64) -> String {
+    let status = status_json(
+        410,
+        "Expired",
+        &format!("too old resource version: {from} ({compacted})"),
+    );
+    event_line("ERROR", &status)
+}
+
+/// An open watch: feeds its response body.
+struct Watch {
+    shared: Arc<Shared>,
+    kind: ApiKind,
+    selector: Selector,
+    bookmarks: bool,
+    tx: mpsc::Sender<Chunk>,
+}
+
+/// Counts an open watch for as long as it lives.
+struct OpenGuard<'a>(&'a AtomicUsize);
+
+impl Drop for OpenGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Watch {
+    async fn run(
+        self,
+        mut rx: broadcast::Receiver<Msg>,
+        first: Vec<String>,
+        expired: bool,
+        from: u64,
+        timeout: Option<Duration>,
+    ) {
+        let counter = self.shared.open(self.kind);
+        counter.fetch_add(1, Ordering::SeqCst);
+        let _guard = OpenGuard(counter);
+        for line in first {
+            if self.tx.send(Ok(line)).await.is_err() {
+                return;
+            }
+        }
+        if expired {
+            return;
+        }
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        let sleep_until = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::pin!(sleep_until);
+        loop {
+            let msg = tokio::select! {
+                () = &mut sleep_until => return,
+                () = self.tx.closed() => return,
+                msg = rx.recv() => msg,
+            };
+            let line = match msg {
+                Ok(Msg::Change(change)) => {
+                    if change.rv <= from || change.kind != self.kind {
+                        continue;
+                    }
+                    match change_line(&change, &self.selector) {
+                        Some(line) => line,
+                        None => continue,
+                    }
+                }
+                Ok(Msg::Bookmark(rv)) => {
+                    if !self.bookmarks {
+                        continue;
+                    }
+                    event_line(
+                        "BOOKMARK",
+                        &json!({
+                            "kind": self.kind.kind(),
+                            "apiVersion": self.kind.api_version(),
+                            "metadata": {"resourceVersion": rv.to_string()},
+                        }),
+                    )
+                }
+                Ok(Msg::Expire) => {
+                    let compacted = self.shared.lock().compacted;
+                    let _ = self.tx.send(Ok(expired_line(from, compacted))).await;
+                    return;
+                }
+                // Cut the body: an error makes hyper close the connection mid-chunk.
+                Ok(Msg::Drop) | Err(broadcast::error::RecvError::Lagged(_)) => {
+                    let _ = self
+                        .tx
+                        .send(Err(std::io::Error::other("connection dropped")))
+                        .await;
+                    return;
+                }
+                Err(broadcast::error::RecvError::Closed) => return,
+            };
+            if self.tx.send(Ok(line)).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// A parsed `labelSelector` and `fieldSelector` (plus the namespace of a namespaced path).
+#[derive(Debug, Clone, Default)]
+struct Selector {
+    labels: Vec<LabelRequirement>,
+    fields: Vec<FieldRequirement>,
+}
+
+#[derive(Debug, Clone)]
+enum LabelRequirement {
+    Exists(String),
+    NotExists(String),
+    Equals(String, String),
+    NotEquals(String, String),
+    In(String, BTreeSet<String>),
+    NotIn(String, BTreeSet<String>),
+}
+
+#[derive(Debug, Clone)]
+struct FieldRequirement {
+    /// JSON pointer of the field.
+    pointer: &'static str,
+    value: String,
+    equal: bool,
+}
+
+impl Selector {
+    fn parse(query: &HashMap<String, String>, namespace: Option<String>) -> Result<Self, String> {
+        let mut selector = Selector::default();
+        if let Some(text) = query.get("labelSelector") {
+            for part in split_requirements(text) {
+                selector.labels.push(parse_label(&part)?);
+            }
+        }
+        if let Some(text) = query.get("fieldSelector") {
+            for part in split_requirements(text) {
+                selector.fields.push(parse_field(&part)?);
+            }
+        }
+        if let Some(ns) = namespace {
+            selector.fields.push(FieldRequirement {
+                pointer: "/metadata/namespace",
+                value: ns,
+                equal: true,
+            });
+        }
+        Ok(selector)
+    }
+
+    fn matches(&self, object: &Value) -> bool {
+        let labels = object
+            .pointer("/metadata/labels")
+            .and_then(Value::as_object);
+        let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+        let labels_ok = self.labels.iter().all(|r| match r {
+            LabelRequirement::Exists(k) => label(k).is_some(),
+            LabelRequirement::NotExists(k) => label(k).is_none(),
+            LabelRequirement::Equals(k, v) => label(k) == Some(v.as_str()),
+            LabelRequirement::NotEquals(k, v) => label(k) != Some(v.as_str()),
+            LabelRequirement::In(k, set) => label(k).is_some_and(|v| set.contains(v)),
+            LabelRequirement::NotIn(k, set) => label(k).is_none_or(|v| !set.contains(v)),
+        });
+        labels_ok
+            && self.fields.iter().all(|f| {
+                let value = object
+                    .pointer(f.pointer)
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                (value == f.value) == f.equal
+            })
+    }
+}
+
+/// Splits a selector on the commas that are not inside parentheses; drops empty parts.
+fn split_requirements(text: &str) -> Vec<String> {
+    let mut parts = Vec::new();
+    let mut depth = 0usize;
+    let mut current = String::new();
+    for c in text.chars() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                parts.push(std::mem::take(&mut current));
+                continue;
+            }
+            _ => {}
+        }
+        current.push(c);
+    }
+    parts.push(current);
+    parts
+        .into_iter()
+        .map(|p| p.trim().to_string())
+        .filter(|p| !p.is_empty())
+        .collect()
+}
+
+fn valid_label_key(key: &str) -> Result<String, String> {
+    let ok = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '/'));
+    if ok {
+        Ok(key.to_string())
+    } else {
+        Err(format!(
+            "unable to parse requirement: invalid label key {key:?}"
+        ))
+    }
+}
+
+fn parse_label(part: &str) -> Result<LabelRequirement, String> {
+    if let Some(key) = part.strip_prefix('!') {
+        return Ok(LabelRequirement::NotExists(valid_label_key(key.trim())?));
+    }
+    if let Some((key, value)) = part.split_once("!=") {
+        return Ok(LabelRequirement::NotEquals(
+            valid_label_key(key.trim())?,
+            value.trim().to_string(),
+        ));
+    }
+    if let Some((key, value)) = part.split_once("==").or_else(|| part.split_once('=')) {
+        return Ok(LabelRequirement::Equals(
+            valid_label_key(key.trim())?,
+            value.trim().to_string(),
+        ));
+    }
+    for (op, notin) in [(" notin ", true), (" in ", false)] {
+        if let Some((key, set)) = part.split_once(op) {
+            let set = set
+                .trim()
+                .strip_prefix('(')
+                .and_then(|s| s.strip_suffix(')'))
+                .ok_or_else(|| format!("unable to parse requirement: {part:?}"))?;
+            let values: BTreeSet<String> = set.split(',').map(|v| v.trim().to_string()).collect();
+            let key = valid_label_key(key.trim())?;
+            return Ok(if notin {
+                LabelRequirement::NotIn(key, values)
+            } else {
+                LabelRequirement::In(key, values)
+            });
+        }
+    }
+    Ok(LabelRequirement::Exists(valid_label_key(part)?))
+}
+
+fn parse_field(part: &str) -> Result<FieldRequirement, String> {
+    let (field, value, equal) = if let Some((f, v)) = part.split_once("!=") {
+        (f, v, false)
+    } else if let Some((f, v)) = part.split_once("==").or_else(|| part.split_once('=')) {
+        (f, v, true)
+    } else {
+        return Err(format!("invalid field selector: {part:?}"));
+    };
+    let pointer = match field.trim() {
+        "metadata.name" => "/metadata/name",
+        "metadata.namespace" => "/metadata/namespace",
+        other => {
+            return Err(format!("field label not supported: {other}"));
+        }
+    };
+    Ok(FieldRequirement {
+        pointer,
+        value: value.trim().to_string(),
+        equal,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn label_selectors_match_like_the_api_server() {
+        let obj = json!({"metadata": {"name": "a", "namespace": "ns",
+            "labels": {"app": "web", "tier": "front"}}});
+        let sel = |s: &str| Selector::parse(&q(&[("labelSelector", s)]), None).unwrap();
+        assert!(sel("app").matches(&obj));
+        assert!(!sel("!app").matches(&obj));
+        assert!(
+            sel("!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name")
+                .matches(&obj)
+        );
+        assert!(sel("app=web,tier==front").matches(&obj));
+        assert!(!sel("app!=web").matches(&obj));
+        assert!(sel("app in (web, db),tier notin (back)").matches(&obj));
+        assert!(!sel("app in (db)").matches(&obj));
+        assert!(Selector::parse(&q(&[("labelSelector", "a b")]), None).is_err());
+    }
+
+    #[test]
+    fn field_selectors_match_name_and_namespace() {
+        let obj = json!({"metadata": {"name": "node-a"}});
+        let sel = |s: &str| Selector::parse(&q(&[("fieldSelector", s)]), None).unwrap();
+        assert!(sel("metadata.name=node-a").matches(&obj));
+        assert!(!sel("metadata.name=node-b").matches(&obj));
+        assert!(sel("metadata.name!=node-b").matches(&obj));
+        assert!(Selector::parse(&q(&[("fieldSelector", "spec.x=1")]), None).is_err());
+    }
+
+    #[test]
+    fn paths_name_kinds() {
+        assert_eq!(
+            ApiKind::from_path("/api/v1/services"),
+            Some((ApiKind::Service, None))
+        );
+        assert_eq!(
+            ApiKind::from_path("/apis/discovery.k8s.io/v1/namespaces/x/endpointslices"),
+            Some((ApiKind::EndpointSlice, Some("x".into())))
+        );
+        assert_eq!(ApiKind::from_path("/api/v1/pods"), None);
+    }
+}

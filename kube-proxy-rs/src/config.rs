@@ -1,0 +1,557 @@
+//! `--config`: upstream's `KubeProxyConfiguration` file (`kubeproxy.config.k8s.io/v1alpha1`).
+//!
+//! The same file works with upstream kube-proxy and with kube-proxy-rs: the fields, their
+//! names, their defaults and their duration format are upstream's (`k8s.io/kube-proxy`
+//! `config/v1alpha1/types.go` and `pkg/proxy/apis/config/v1alpha1/defaults.go`). Unknown
+//! fields are rejected with an error naming the field's path, as upstream's strict decoding
+//! does. Fields that only matter to other platforms or modes (`winkernel`, `ipvs`,
+//! `portRange`, `enableProfiling`, ...) are accepted and ignored. `--write-config-to` writes
+//! the effective defaults.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// The config file's `apiVersion`.
+pub const API_VERSION: &str = "kubeproxy.config.k8s.io/v1alpha1";
+/// The config file's `kind`.
+pub const KIND: &str = "KubeProxyConfiguration";
+
+/// A duration in Go's `time.Duration` text form (`30s`, `1m0s`, `24h0m0s`), as
+/// `metav1.Duration` serializes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GoDuration(pub Duration);
+
+impl fmt::Display for GoDuration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let d = self.0;
+        if d.is_zero() {
+            return f.write_str("0s");
+        }
+        let total = d.as_secs();
+        let (h, m, s) = (total / 3600, (total / 60) % 60, total % 60);
+        let frac = d.subsec_nanos();
+        if total == 0 {
+            // Below one second Go prints ms/µs/ns.
+            return if frac.is_multiple_of(1_000_000) {
+                write!(f, "{}ms", frac / 1_000_000)
+            } else if frac.is_multiple_of(1000) {
+                write!(f, "{}µs", frac / 1000)
+            } else {
+                write!(f, "{frac}ns")
+            };
+        }
+        let secs = if frac == 0 {
+            format!("{s}s")
+        } else {
+            let digits = format!("{:09}", frac);
+            format!("{s}.{}s", digits.trim_end_matches('0'))
+        };
+        if h > 0 {
+            write!(f, "{h}h{m}m{secs}")
+        } else if m > 0 {
+            write!(f, "{m}m{secs}")
+        } else {
+            f.write_str(&secs)
+        }
+    }
+}
+
+impl Serialize for GoDuration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.to_string())
+    }
+}
+
+impl<'de> Deserialize<'de> for GoDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        crate::cli::parse_duration(&text)
+            .map(GoDuration)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
+/// Reads `null` (as upstream's `--write-config-to` prints empty lists) as an empty list.
+fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    Ok(Option::<Vec<String>>::deserialize(d)?.unwrap_or_default())
+}
+
+fn secs(n: u64) -> GoDuration {
+    GoDuration(Duration::from_secs(n))
+}
+
+/// `clientConnection` (component-base `ClientConnectionConfiguration`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ClientConnection {
+    /// Path to a kubeconfig file.
+    pub kubeconfig: String,
+    /// `acceptContentTypes`.
+    pub accept_content_types: String,
+    /// `contentType` (default protobuf; kube-proxy-rs always speaks JSON).
+    pub content_type: String,
+    /// `qps` (default 5).
+    pub qps: f32,
+    /// `burst` (default 10).
+    pub burst: i32,
+}
+
+impl Default for ClientConnection {
+    fn default() -> Self {
+        ClientConnection {
+            kubeconfig: String::new(),
+            accept_content_types: String::new(),
+            content_type: "application/vnd.kubernetes.protobuf".into(),
+            qps: 5.0,
+            burst: 10,
+        }
+    }
+}
+
+/// `iptables`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct IptablesSection {
+    /// `masqueradeBit` (0..=31, default 14).
+    pub masquerade_bit: Option<i32>,
+    /// `masqueradeAll`.
+    pub masquerade_all: bool,
+    /// `localhostNodePorts` (default true).
+    pub localhost_node_ports: Option<bool>,
+    /// `syncPeriod` (default 30s).
+    pub sync_period: GoDuration,
+    /// `minSyncPeriod` (default 1s).
+    pub min_sync_period: GoDuration,
+}
+
+impl Default for IptablesSection {
+    fn default() -> Self {
+        IptablesSection {
+            masquerade_bit: Some(14),
+            masquerade_all: false,
+            localhost_node_ports: Some(true),
+            sync_period: secs(30),
+            min_sync_period: secs(1),
+        }
+    }
+}
+
+/// `nftables`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct NftablesSection {
+    /// `masqueradeBit` (default 14).
+    pub masquerade_bit: Option<i32>,
+    /// `masqueradeAll`.
+    pub masquerade_all: bool,
+    /// `syncPeriod` (default 30s).
+    pub sync_period: GoDuration,
+    /// `minSyncPeriod` (default 1s).
+    pub min_sync_period: GoDuration,
+    /// `tableName` (upstream's newer field; kube-proxy-rs uses `kube-proxy`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub table_name: String,
+}
+
+impl Default for NftablesSection {
+    fn default() -> Self {
+        NftablesSection {
+            masquerade_bit: Some(14),
+            masquerade_all: false,
+            sync_period: secs(30),
+            min_sync_period: secs(1),
+            table_name: String::new(),
+        }
+    }
+}
+
+/// `ipvs` (accepted; IPVS mode is not built yet).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct IpvsSection {
+    /// `syncPeriod` (default 30s).
+    pub sync_period: GoDuration,
+    /// `minSyncPeriod`.
+    pub min_sync_period: GoDuration,
+    /// `scheduler`.
+    pub scheduler: String,
+    /// `excludeCIDRs`.
+    #[serde(rename = "excludeCIDRs")]
+    pub exclude_cidrs: Vec<String>,
+    /// `strictARP`.
+    #[serde(rename = "strictARP")]
+    pub strict_arp: bool,
+    /// `tcpTimeout`.
+    pub tcp_timeout: GoDuration,
+    /// `tcpFinTimeout`.
+    pub tcp_fin_timeout: GoDuration,
+    /// `udpTimeout`.
+    pub udp_timeout: GoDuration,
+}
+
+impl Default for IpvsSection {
+    fn default() -> Self {
+        IpvsSection {
+            sync_period: secs(30),
+            min_sync_period: GoDuration::default(),
+            scheduler: String::new(),
+            exclude_cidrs: Vec::new(),
+            strict_arp: false,
+            tcp_timeout: GoDuration::default(),
+            tcp_fin_timeout: GoDuration::default(),
+            udp_timeout: GoDuration::default(),
+        }
+    }
+}
+
+/// `conntrack`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct ConntrackSection {
+    /// `maxPerCore` (default 32768).
+    pub max_per_core: Option<i32>,
+    /// `min` (default 131072).
+    pub min: Option<i32>,
+    /// `tcpEstablishedTimeout` (default 24h).
+    pub tcp_established_timeout: Option<GoDuration>,
+    /// `tcpCloseWaitTimeout` (default 1h).
+    pub tcp_close_wait_timeout: Option<GoDuration>,
+    /// `tcpBeLiberal`.
+    pub tcp_be_liberal: bool,
+    /// `udpTimeout`.
+    pub udp_timeout: GoDuration,
+    /// `udpStreamTimeout`.
+    pub udp_stream_timeout: GoDuration,
+}
+
+impl Default for ConntrackSection {
+    fn default() -> Self {
+        ConntrackSection {
+            max_per_core: Some(32768),
+            min: Some(131072),
+            tcp_established_timeout: Some(secs(24 * 3600)),
+            tcp_close_wait_timeout: Some(secs(3600)),
+            tcp_be_liberal: false,
+            udp_timeout: GoDuration::default(),
+            udp_stream_timeout: GoDuration::default(),
+        }
+    }
+}
+
+/// `detectLocal`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct DetectLocal {
+    /// `bridgeInterface`.
+    pub bridge_interface: String,
+    /// `interfaceNamePrefix`.
+    pub interface_name_prefix: String,
+}
+
+/// `winkernel` (Windows only; accepted and ignored).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct Winkernel {
+    /// `networkName`.
+    pub network_name: String,
+    /// `sourceVip`.
+    pub source_vip: String,
+    /// `enableDSR`.
+    #[serde(rename = "enableDSR")]
+    pub enable_dsr: bool,
+    /// `rootHnsEndpointName`.
+    pub root_hns_endpoint_name: String,
+    /// `forwardHealthCheckVip`.
+    pub forward_health_check_vip: bool,
+}
+
+/// A `KubeProxyConfiguration` document with upstream's defaults for absent fields.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields, default)]
+pub struct KubeProxyConfiguration {
+    /// `apiVersion`: must be `kubeproxy.config.k8s.io/v1alpha1`.
+    pub api_version: String,
+    /// `kind`: must be `KubeProxyConfiguration`.
+    pub kind: String,
+    /// `featureGates` (accepted; logged when set).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub feature_gates: BTreeMap<String, bool>,
+    /// `clientConnection`.
+    pub client_connection: ClientConnection,
+    /// `logging` (component-base logging options; accepted, `verbosity` is honoured).
+    #[serde(skip_serializing_if = "serde_json::Value::is_null")]
+    pub logging: serde_json::Value,
+    /// `hostnameOverride`.
+    pub hostname_override: String,
+    /// `bindAddress` (default `0.0.0.0`).
+    pub bind_address: String,
+    /// `healthzBindAddress` (default `0.0.0.0:10256`).
+    pub healthz_bind_address: String,
+    /// `metricsBindAddress` (default `127.0.0.1:10249`).
+    pub metrics_bind_address: String,
+    /// `bindAddressHardFail`.
+    pub bind_address_hard_fail: bool,
+    /// `enableProfiling` (accepted; no pprof in kube-proxy-rs).
+    pub enable_profiling: bool,
+    /// `showHiddenMetricsForVersion`.
+    pub show_hidden_metrics_for_version: String,
+    /// `serviceProxyName` (upstream's newer field).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub service_proxy_name: String,
+    /// `mode` (`""` means iptables on Linux).
+    pub mode: String,
+    /// `iptables`.
+    pub iptables: IptablesSection,
+    /// `ipvs`.
+    pub ipvs: IpvsSection,
+    /// `nftables`.
+    pub nftables: NftablesSection,
+    /// `winkernel`.
+    pub winkernel: Winkernel,
+    /// `detectLocalMode` (`""` means ClusterCIDR).
+    pub detect_local_mode: String,
+    /// `detectLocal`.
+    pub detect_local: DetectLocal,
+    /// `clusterCIDR` (comma-separated, one per family).
+    #[serde(rename = "clusterCIDR")]
+    pub cluster_cidr: String,
+    /// `nodePortAddresses` (`null` as in upstream's written files means none).
+    #[serde(deserialize_with = "null_as_empty")]
+    pub node_port_addresses: Vec<String>,
+    /// `oomScoreAdj` (default -999).
+    pub oom_score_adj: Option<i32>,
+    /// `conntrack`.
+    pub conntrack: ConntrackSection,
+    /// `configSyncPeriod` (default 15m).
+    pub config_sync_period: GoDuration,
+    /// `portRange` (unused since the userspace mode was removed).
+    pub port_range: String,
+}
+
+impl Default for KubeProxyConfiguration {
+    fn default() -> Self {
+        KubeProxyConfiguration {
+            api_version: API_VERSION.into(),
+            kind: KIND.into(),
+            feature_gates: BTreeMap::new(),
+            client_connection: ClientConnection::default(),
+            logging: serde_json::Value::Null,
+            hostname_override: String::new(),
+            bind_address: "0.0.0.0".into(),
+            healthz_bind_address: "0.0.0.0:10256".into(),
+            metrics_bind_address: "127.0.0.1:10249".into(),
+            bind_address_hard_fail: false,
+            enable_profiling: false,
+            show_hidden_metrics_for_version: String::new(),
+            service_proxy_name: String::new(),
+            mode: String::new(),
+            iptables: IptablesSection::default(),
+            ipvs: IpvsSection::default(),
+            nftables: NftablesSection::default(),
+            winkernel: Winkernel::default(),
+            detect_local_mode: String::new(),
+            detect_local: DetectLocal::default(),
+            cluster_cidr: String::new(),
+            node_port_addresses: Vec::new(),
+            oom_score_adj: Some(-999),
+            conntrack: ConntrackSection::default(),
+            config_sync_period: secs(15 * 60),
+            port_range: String::new(),
+        }
+    }
+}
+
+impl KubeProxyConfiguration {
+    /// Reads and validates a config file (YAML or JSON).
+    ///
+    /// # Errors
+    /// The file cannot be read; it does not parse; a field is unknown or has the wrong type
+    /// (the error names the field's path, e.g. `iptables.masqueradeBitt`); `apiVersion` or
+    /// `kind` is wrong; a value is out of range.
+    pub fn load(path: &Path) -> anyhow::Result<Self> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--config {}", path.display()))?;
+        Self::parse(&text).with_context(|| format!("--config {}", path.display()))
+    }
+
+    /// Parses and validates config text.
+    ///
+    /// # Errors
+    /// As [`load`](Self::load).
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        let value: serde_json::Value =
+            serde_saphyr::from_str(text).map_err(|e| anyhow::anyhow!("cannot parse YAML: {e}"))?;
+        let cfg: KubeProxyConfiguration = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            anyhow::anyhow!("{path}: {}", e.into_inner())
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Checks what upstream's validation checks that matters here.
+    ///
+    /// # Errors
+    /// A message naming the field.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.api_version != API_VERSION {
+            bail!(
+                "apiVersion: {:?} is not supported (expected {API_VERSION})",
+                self.api_version
+            );
+        }
+        if self.kind != KIND {
+            bail!("kind: {:?} is not supported (expected {KIND})", self.kind);
+        }
+        if !matches!(self.mode.as_str(), "" | "iptables" | "nftables" | "ipvs") {
+            bail!(
+                "mode: {:?} is not a proxy mode (iptables, nftables or ipvs)",
+                self.mode
+            );
+        }
+        for (field, bit) in [
+            ("iptables.masqueradeBit", self.iptables.masquerade_bit),
+            ("nftables.masqueradeBit", self.nftables.masquerade_bit),
+        ] {
+            if let Some(b) = bit
+                && !(0..=31).contains(&b)
+            {
+                bail!("{field}: {b} must be within 0..=31");
+            }
+        }
+        if self.iptables.sync_period.0.is_zero() {
+            bail!("iptables.syncPeriod: must be greater than 0");
+        }
+        if !matches!(
+            self.detect_local_mode.as_str(),
+            "" | "ClusterCIDR" | "NodeCIDR" | "BridgeInterface" | "InterfaceNamePrefix"
+        ) {
+            bail!(
+                "detectLocalMode: {:?} is not a local-traffic detection mode",
+                self.detect_local_mode
+            );
+        }
+        for (i, c) in self
+            .cluster_cidr
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .enumerate()
+        {
+            if c.parse::<ipnet::IpNet>().is_err() {
+                bail!("clusterCIDR: entry {i} {c:?} is not a CIDR");
+            }
+        }
+        kp_proxier::NodePortAddresses::parse(&self.node_port_addresses)
+            .map_err(|e| anyhow::anyhow!("nodePortAddresses: {e}"))?;
+        Ok(())
+    }
+
+    /// The defaults as a YAML document, like upstream's `--write-config-to`.
+    ///
+    /// # Errors
+    /// Serialization failure (not expected).
+    pub fn to_yaml(&self) -> anyhow::Result<String> {
+        serde_saphyr::to_string(self).map_err(|e| anyhow::anyhow!("writing the configuration: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(secs(30).to_string(), "30s");
+        assert_eq!(secs(90).to_string(), "1m30s");
+        assert_eq!(secs(15 * 60).to_string(), "15m0s");
+        assert_eq!(secs(24 * 3600).to_string(), "24h0m0s");
+        assert_eq!(GoDuration(Duration::from_millis(250)).to_string(), "250ms");
+        assert_eq!(GoDuration(Duration::from_millis(1500)).to_string(), "1.5s");
+        assert_eq!(GoDuration(Duration::ZERO).to_string(), "0s");
+    }
+
+    #[test]
+    fn upstream_style_file() {
+        let text = r#"
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+bindAddress: 0.0.0.0
+clientConnection:
+  kubeconfig: /var/lib/kube-proxy/kubeconfig.conf
+  qps: 5
+clusterCIDR: 10.244.0.0/16
+mode: "iptables"
+iptables:
+  masqueradeAll: false
+  masqueradeBit: 14
+  minSyncPeriod: 0s
+  syncPeriod: 30s
+nodePortAddresses: null
+conntrack:
+  maxPerCore: null
+  tcpEstablishedTimeout: 24h0m0s
+detectLocalMode: ""
+"#;
+        let cfg = KubeProxyConfiguration::parse(text).unwrap();
+        assert_eq!(cfg.cluster_cidr, "10.244.0.0/16");
+        assert_eq!(cfg.iptables.min_sync_period, GoDuration(Duration::ZERO));
+        assert_eq!(
+            cfg.healthz_bind_address, "0.0.0.0:10256",
+            "absent fields take upstream's defaults"
+        );
+        assert_eq!(
+            cfg.client_connection.kubeconfig,
+            "/var/lib/kube-proxy/kubeconfig.conf"
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_values_are_named() {
+        let base = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n";
+        let err = KubeProxyConfiguration::parse(&format!("{base}iptables:\n  masqueradeBitt: 3\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("iptables") && err.contains("masqueradeBitt"),
+            "{err}"
+        );
+        let err = KubeProxyConfiguration::parse(&format!("{base}iptables:\n  masqueradeBit: 40\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("iptables.masqueradeBit"), "{err}");
+        let err = KubeProxyConfiguration::parse(&format!("{base}mode: userspace\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("mode"), "{err}");
+        let err = KubeProxyConfiguration::parse(&format!("{base}iptables:\n  syncPeriod: soon\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("iptables.syncPeriod"), "{err}");
+        let err = KubeProxyConfiguration::parse("apiVersion: v1\nkind: ConfigMap\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("apiVersion"), "{err}");
+        let err = KubeProxyConfiguration::parse(&format!("{base}clusterCIDR: 10.0.0.0/33\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("clusterCIDR"), "{err}");
+    }
+
+    #[test]
+    fn written_defaults_read_back() {
+        let yaml = KubeProxyConfiguration::default().to_yaml().unwrap();
+        assert!(yaml.contains("syncPeriod: 30s"), "{yaml}");
+        assert!(yaml.contains("configSyncPeriod: 15m0s"), "{yaml}");
+        assert!(yaml.contains("healthzBindAddress: 0.0.0.0:10256"), "{yaml}");
+        assert_eq!(
+            KubeProxyConfiguration::parse(&yaml).unwrap(),
+            KubeProxyConfiguration::default()
+        );
+    }
+}
