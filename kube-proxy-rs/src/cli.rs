@@ -182,12 +182,44 @@ pub enum IptablesBackendArg {
 /// Flags of the proxy itself, named as upstream kube-proxy names them.
 #[derive(Debug, Args)]
 pub struct ProxyArgs {
+    /// A KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1), as upstream
+    /// kube-proxy reads; flags given on the command line override its values.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Write the effective configuration (defaults, the config file and flags) to FILE as a
+    /// KubeProxyConfiguration, then exit.
+    #[arg(long, value_name = "FILE")]
+    pub write_config_to: Option<PathBuf>,
+
+    /// Path to a kubeconfig file for the API server (else in-cluster configuration, else
+    /// the default kubeconfig).
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// The API server's address (overrides the kubeconfig's).
+    #[arg(long, value_name = "URL")]
+    pub master: Option<String>,
+
+    /// Address and port of the /healthz and /livez server; empty disables it.
+    #[arg(long, default_value = "0.0.0.0:10256", value_name = "IP:PORT")]
+    pub healthz_bind_address: String,
+
+    /// Address and port of the /metrics server; empty disables it.
+    #[arg(long, default_value = "127.0.0.1:10249", value_name = "IP:PORT")]
+    pub metrics_bind_address: String,
+
+    /// Exit when the healthz or metrics port cannot be bound (else retry every 5 s).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub bind_address_hard_fail: bool,
+
     /// Which proxy mode to use.
     #[arg(long, value_enum, default_value = "iptables")]
     pub proxy_mode: ProxyModeArg,
 
     /// Read Services, EndpointSlices and Nodes from this YAML file or directory (as
     /// `kubectl get -o yaml` prints them) instead of the API server; re-read on change.
+    /// Without it, the proxy watches the API server (--kubeconfig, --master or in-cluster).
     #[arg(long, value_name = "PATH")]
     pub manifests: Option<PathBuf>,
 

@@ -461,6 +461,168 @@ impl KubeProxyConfiguration {
     }
 }
 
+/// Settings the config file can carry, applied to the flags that were not given on the
+/// command line (`explicit(id)` tells whether the flag with clap id `id` was given).
+/// Mode-specific sections follow the mode: `nftables.*` in nftables mode, `iptables.*`
+/// otherwise.
+pub fn apply(
+    cfg: &KubeProxyConfiguration,
+    args: &mut crate::cli::ProxyArgs,
+    explicit: impl Fn(&str) -> bool,
+) -> anyhow::Result<()> {
+    use crate::cli::{DetectLocalModeArg, ProxyModeArg};
+    let set = |id: &str| !explicit(id);
+    if set("proxy_mode") {
+        args.proxy_mode = match cfg.mode.as_str() {
+            "" | "iptables" => ProxyModeArg::Iptables,
+            "nftables" => ProxyModeArg::Nftables,
+            _ => ProxyModeArg::Ipvs,
+        };
+    }
+    let nft = args.proxy_mode == ProxyModeArg::Nftables;
+    if set("cluster_cidr") {
+        args.cluster_cidr = cfg
+            .cluster_cidr
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .map(String::from)
+            .collect();
+    }
+    if set("detect_local_mode") && !cfg.detect_local_mode.is_empty() {
+        args.detect_local_mode = Some(match cfg.detect_local_mode.as_str() {
+            "NodeCIDR" => DetectLocalModeArg::NodeCidr,
+            "BridgeInterface" => DetectLocalModeArg::BridgeInterface,
+            "InterfaceNamePrefix" => DetectLocalModeArg::InterfaceNamePrefix,
+            _ => DetectLocalModeArg::ClusterCidr,
+        });
+    }
+    if set("pod_bridge_interface") && !cfg.detect_local.bridge_interface.is_empty() {
+        args.pod_bridge_interface = Some(cfg.detect_local.bridge_interface.clone());
+    }
+    if set("pod_interface_name_prefix") && !cfg.detect_local.interface_name_prefix.is_empty() {
+        args.pod_interface_name_prefix = Some(cfg.detect_local.interface_name_prefix.clone());
+    }
+    if set("hostname_override") && !cfg.hostname_override.is_empty() {
+        args.hostname_override = Some(cfg.hostname_override.clone());
+    }
+    let (masq_all, masq_bit, sync, min_sync) = if nft {
+        (
+            cfg.nftables.masquerade_all,
+            cfg.nftables.masquerade_bit,
+            cfg.nftables.sync_period,
+            cfg.nftables.min_sync_period,
+        )
+    } else {
+        (
+            cfg.iptables.masquerade_all,
+            cfg.iptables.masquerade_bit,
+            cfg.iptables.sync_period,
+            cfg.iptables.min_sync_period,
+        )
+    };
+    if set("masquerade_all") {
+        args.masquerade_all = masq_all;
+    }
+    if set("iptables_masquerade_bit")
+        && let Some(bit) = masq_bit
+    {
+        args.iptables_masquerade_bit = u8::try_from(bit).context("masqueradeBit")?;
+    }
+    if set("iptables_sync_period") {
+        args.iptables_sync_period = sync.0;
+    }
+    if set("iptables_min_sync_period") {
+        args.iptables_min_sync_period = min_sync.0;
+    }
+    if set("nodeport_addresses") {
+        args.nodeport_addresses = cfg.node_port_addresses.clone();
+    }
+    if set("iptables_localhost_nodeports")
+        && let Some(v) = cfg.iptables.localhost_node_ports
+    {
+        args.iptables_localhost_nodeports = v;
+    }
+    if set("conntrack_tcp_be_liberal") {
+        args.conntrack_tcp_be_liberal = cfg.conntrack.tcp_be_liberal;
+    }
+    if set("kubeconfig") && !cfg.client_connection.kubeconfig.is_empty() {
+        args.kubeconfig = Some(cfg.client_connection.kubeconfig.clone().into());
+    }
+    if set("healthz_bind_address") {
+        args.healthz_bind_address = cfg.healthz_bind_address.clone();
+    }
+    if set("metrics_bind_address") {
+        args.metrics_bind_address = cfg.metrics_bind_address.clone();
+    }
+    if set("bind_address_hard_fail") {
+        args.bind_address_hard_fail = cfg.bind_address_hard_fail;
+    }
+    if set("verbosity")
+        && let Some(v) = cfg
+            .logging
+            .get("verbosity")
+            .and_then(serde_json::Value::as_u64)
+    {
+        args.verbosity = u8::try_from(v).unwrap_or(u8::MAX);
+    }
+    if !cfg.feature_gates.is_empty() {
+        tracing::info!(gates = ?cfg.feature_gates, "featureGates in the config file are accepted and ignored");
+    }
+    Ok(())
+}
+
+/// The effective configuration of `args`, for `--write-config-to`.
+pub fn from_args(args: &crate::cli::ProxyArgs) -> KubeProxyConfiguration {
+    use crate::cli::{DetectLocalModeArg, ProxyModeArg};
+    let mut cfg = KubeProxyConfiguration {
+        mode: args.proxy_mode.name().to_string(),
+        cluster_cidr: args.cluster_cidr.join(","),
+        hostname_override: args.hostname_override.clone().unwrap_or_default(),
+        node_port_addresses: args.nodeport_addresses.clone(),
+        healthz_bind_address: args.healthz_bind_address.clone(),
+        metrics_bind_address: args.metrics_bind_address.clone(),
+        bind_address_hard_fail: args.bind_address_hard_fail,
+        detect_local_mode: match args.detect_local_mode {
+            None => String::new(),
+            Some(DetectLocalModeArg::ClusterCidr) => "ClusterCIDR".into(),
+            Some(DetectLocalModeArg::NodeCidr) => "NodeCIDR".into(),
+            Some(DetectLocalModeArg::BridgeInterface) => "BridgeInterface".into(),
+            Some(DetectLocalModeArg::InterfaceNamePrefix) => "InterfaceNamePrefix".into(),
+        },
+        ..KubeProxyConfiguration::default()
+    };
+    cfg.detect_local.bridge_interface = args.pod_bridge_interface.clone().unwrap_or_default();
+    cfg.detect_local.interface_name_prefix =
+        args.pod_interface_name_prefix.clone().unwrap_or_default();
+    cfg.client_connection.kubeconfig = args
+        .kubeconfig
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    cfg.conntrack.tcp_be_liberal = args.conntrack_tcp_be_liberal;
+    let bit = Some(i32::from(args.iptables_masquerade_bit));
+    let (sync, min_sync) = (
+        GoDuration(args.iptables_sync_period),
+        GoDuration(args.iptables_min_sync_period),
+    );
+    cfg.iptables = IptablesSection {
+        masquerade_bit: bit,
+        masquerade_all: args.masquerade_all,
+        localhost_node_ports: Some(args.iptables_localhost_nodeports),
+        sync_period: sync,
+        min_sync_period: min_sync,
+    };
+    cfg.nftables.masquerade_bit = bit;
+    cfg.nftables.masquerade_all = args.masquerade_all;
+    cfg.nftables.sync_period = sync;
+    cfg.nftables.min_sync_period = min_sync;
+    if args.proxy_mode == ProxyModeArg::Iptables {
+        cfg.mode = "iptables".into();
+    }
+    cfg
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

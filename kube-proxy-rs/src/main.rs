@@ -2,9 +2,8 @@
 //! (manifest source → tracker → sync loop → iptables proxier) and runs it, or runs a
 //! subcommand (`sandbox`).
 
+mod admin;
 mod cli;
-// Wired to --config/--write-config-to together with the API source (issue 5).
-#[allow(dead_code)]
 mod config;
 mod proxy;
 mod sandbox;
@@ -12,7 +11,7 @@ mod trace;
 
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use tracing_subscriber::EnvFilter;
 
 use cli::{Cli, Command};
@@ -36,7 +35,35 @@ fn init_tracing(verbosity: u8) {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let mut cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    // --config: the file's values for every flag not given on the command line.
+    if let Some(path) = cli.proxy.config.clone() {
+        let explicit =
+            |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+        if let Err(e) = config::KubeProxyConfiguration::load(&path)
+            .and_then(|c| config::apply(&c, &mut cli.proxy, explicit))
+        {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Some(path) = cli.proxy.write_config_to.clone() {
+        let written = config::from_args(&cli.proxy).to_yaml().and_then(|yaml| {
+            std::fs::write(&path, yaml)
+                .map_err(|e| anyhow::anyhow!("--write-config-to {}: {e}", path.display()))
+        });
+        return match written {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let result = match cli.command {
         Some(Command::Sandbox(args)) => {
             init_tracing(0);

@@ -319,7 +319,9 @@ fn spawn_loop<P: Proxier + 'static>(
     events: mpsc::Receiver<Vec<kp_model::SourceEvent>>,
     mode: RunMode,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    observer: Arc<dyn kp_runtime::SyncObserver>,
 ) {
+    let sync_loop = sync_loop.with_observer(observer);
     loops.spawn(async move {
         (
             family,
@@ -351,13 +353,13 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     if args.cleanup {
         return cleanup(backend);
     }
-    let Some(path) = args.manifests.clone() else {
-        bail!(
-            "no source of Services: pass --manifests PATH (a YAML file or directory); the API-server source is not built yet"
-        );
-    };
-    if !path.exists() {
+    if let Some(path) = &args.manifests
+        && !path.exists()
+    {
         bail!("--manifests {}: no such file or directory", path.display());
+    }
+    if args.manifests.is_some() && (args.kubeconfig.is_some() || args.master.is_some()) {
+        bail!("--manifests and --kubeconfig/--master both name a source of Services; pass one");
     }
     let node = node_name(args.hostname_override.as_deref())?;
     let runner = RunnerConfig {
@@ -365,7 +367,14 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         retry_interval: args.iptables_sync_period,
         ..RunnerConfig::default()
     };
-    info!(node = %node, mode = args.proxy_mode.name(), manifests = %path.display(), "starting kube-proxy-rs");
+    match &args.manifests {
+        Some(path) => {
+            info!(node = %node, mode = args.proxy_mode.name(), manifests = %path.display(), "starting kube-proxy-rs")
+        }
+        None => {
+            info!(node = %node, mode = args.proxy_mode.name(), source = "API server", "starting kube-proxy-rs")
+        }
+    }
     if !args.dry_run {
         remove_other_mode(args.proxy_mode, backend);
     }
@@ -382,14 +391,70 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         let (tx, mut rx) = mpsc::channel::<Vec<kp_model::SourceEvent>>(64);
         let skipped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = skipped.clone();
-        let mut source = tokio::spawn(kp_source::watch::watch_manifests(path, tx, move |e| {
-            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            error!("{e}")
-        }));
+        let mut source: tokio::task::JoinHandle<anyhow::Result<()>> = match args.manifests.clone() {
+            Some(path) => tokio::spawn(async move {
+                kp_source::watch::watch_manifests(path, tx, move |e| {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    error!("{e}")
+                })
+                .await
+                .map_err(|e| anyhow!(e).context("manifest source"))
+            }),
+            None => {
+                let client = kp_source::api::client(args.kubeconfig.clone(), args.master.clone())
+                    .await
+                    .map_err(|e| anyhow!(e).context("connecting to the API server"))?;
+                let api = kp_source::api::ApiSource::new(client, node.clone());
+                let mut health = api.health();
+                tokio::spawn(async move {
+                    // The dataplane stays as it is while the API server is unreachable;
+                    // say so once per change of state.
+                    while health.changed().await.is_ok() {
+                        let state = health.borrow_and_update().clone();
+                        match state {
+                            kp_source::api::SourceHealth::Disconnected { error, .. } => {
+                                warn!(%error, "API server unreachable: keeping the programmed rules, retrying with backoff")
+                            }
+                            kp_source::api::SourceHealth::Connected => info!("connected to the API server"),
+                            kp_source::api::SourceHealth::Connecting => {}
+                        }
+                    }
+                });
+                tokio::spawn(async move {
+                    api.run(tx, move |e| {
+                        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        error!("{e}")
+                    })
+                    .await
+                    .map_err(|e| anyhow!(e).context("API source"))
+                })
+            }
+        };
         // One sync loop per family (upstream's dual-stack "meta proxier"); every batch of
         // events goes to each of them.
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut loops = tokio::task::JoinSet::new();
+        let mut servers = tokio::task::JoinSet::new();
+        let admin_mode = if nft_mode { kp_admin::ProxyMode::Nftables } else { kp_admin::ProxyMode::Iptables };
+        let mut admin = crate::admin::Admin::new(admin_mode, args.iptables_sync_period);
+        if !args.dry_run && !args.once {
+            let hc_addresses = if args.nodeport_addresses.iter().all(|a| a.trim().is_empty() || a.trim() == "all") {
+                kp_admin::HealthCheckAddresses::All
+            } else {
+                let local = RealHost.local_addresses().unwrap_or_default();
+                let npa = NodePortAddresses::parse(&args.nodeport_addresses)?;
+                let mut ips = npa.node_ips(IpFamily::V4, &local, &[]);
+                ips.extend(npa.node_ips(IpFamily::V6, &local, &[]));
+                kp_admin::HealthCheckAddresses::Ips(ips)
+            };
+            admin.start(
+                &args,
+                &node,
+                hc_addresses,
+                &mut servers,
+                stop_rx.clone(),
+            )?;
+        }
         let mut senders = Vec::new();
         let mut outputs: Vec<(IpFamily, Arc<std::sync::Mutex<String>>)> = Vec::new();
         let mode = if args.once || args.dry_run {
@@ -397,7 +462,8 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         } else {
             RunMode::Daemon
         };
-        for family in families {
+        for (i, family) in families.into_iter().enumerate() {
+            let observer: Arc<dyn kp_runtime::SyncObserver> = Arc::new(crate::admin::Observer::new(admin.clone(), i == 0));
             let (ftx, frx) = mpsc::channel(64);
             senders.push(ftx);
             let tracker = Tracker::new(family, node.clone());
@@ -433,7 +499,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                     };
                     let proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?;
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown);
+                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (false, false) => {
                     let ipt = ExecIptables::new(version, backend);
@@ -442,12 +508,12 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                         proxier = proxier.with_conntrack(ct);
                     }
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown);
+                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (true, true) => {
                     let proxier = NftablesProxier::new(family, nft_cfg.clone(), PrintingNft { sink }, host)?;
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown);
+                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (true, false) => {
                     let mut proxier = NftablesProxier::new(family, nft_cfg.clone(), ExecNft::new(), host)?;
@@ -455,7 +521,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                         proxier = proxier.with_conntrack(ct);
                     }
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown);
+                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
             }
         }
@@ -478,9 +544,14 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 s = &mut source, if !source_done => {
                     source_done = true;
                     if let Ok(Err(e)) = s {
-                        result = Err(anyhow!(e).context("manifest source failed"));
+                        result = Err(e);
                         let _ = stop_tx.send(true);
                     }
+                }
+                Some(Ok(Err(e))) = servers.join_next() => {
+                    // Only a hard-fail bind error ends a server task with an error.
+                    result = Err(e);
+                    let _ = stop_tx.send(true);
                 }
                 joined = loops.join_next() => match joined {
                     None => break,

@@ -1,0 +1,177 @@
+//! The daemon fed by an API server (a test server speaking the real list/watch protocol),
+//! in a network namespace: it programs the rules, keeps them while the API server is
+//! unreachable, relists after the watches expire, and answers /healthz and /metrics like
+//! upstream kube-proxy.
+
+use std::process::Stdio;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use kp_testkit::apiserver::{ApiKind, TestApiServer};
+use kp_testkit::golden::SEED_CLUSTER;
+use kp_testkit::{ChildGuard, Netns, require_root, wait_for};
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
+
+/// Starts the test API server on a thread inside `ns` (so the proxy, also in `ns`, reaches
+/// it on 127.0.0.1); the returned sender stops it.
+fn api_server_in(ns: &Netns) -> (TestApiServer, tokio::sync::oneshot::Sender<()>) {
+    let (tx, rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    ns.spawn_in(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let server = TestApiServer::start().await.unwrap();
+            tx.send(server).unwrap();
+            let _ = stop_rx.await;
+        });
+    })
+    .unwrap();
+    (rx.recv_timeout(Duration::from_secs(10)).unwrap(), stop_tx)
+}
+
+fn seed_objects() -> Vec<serde_json::Value> {
+    SEED_CLUSTER
+        .split("\n---\n")
+        .map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).unwrap())
+        .collect()
+}
+
+fn nat(ns: &Netns) -> String {
+    let text = ns.run("iptables-save", ["-t", "nat"]).unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn api_source_programs_survives_outages_and_relists() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("api").unwrap();
+    let (api, _stop) = api_server_in(&ns);
+    for object in seed_objects() {
+        api.upsert_value(object).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("proxy.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut cmd = ns.command(BIN);
+    cmd.args([
+        "--master",
+        &api.url(),
+        "--hostname-override=k8s-master",
+        "--cluster-cidr=10.0.0.0/16",
+        "--healthz-bind-address=127.0.0.1:10256",
+        "--metrics-bind-address=127.0.0.1:10249",
+        "--iptables-min-sync-period=100ms",
+    ])
+    .stdin(Stdio::null())
+    .stdout(log.try_clone().unwrap())
+    .stderr(log);
+    let mut proxy = ChildGuard::spawn(&mut cmd, "kube-proxy-rs").unwrap();
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    proxy
+        .wait_for(
+            || nat(&ns).contains("-A KUBE-SEP-H5CTQI4CMO4ES5BQ"),
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+
+    // healthz and metrics, like upstream's.
+    let get = |port: u16, path: &str| -> String {
+        let out = ns
+            .command("bash")
+            .arg("-c")
+            .arg(format!("exec 3<>/dev/tcp/127.0.0.1/{port}; printf 'GET {path} HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3"))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let healthz = get(10256, "/healthz");
+    assert!(
+        healthz.starts_with("HTTP/1.0 200") || healthz.starts_with("HTTP/1.1 200"),
+        "{healthz}"
+    );
+    assert!(
+        healthz.contains("\"healthy\":true") && healthz.contains("\"nodeEligible\":true"),
+        "{healthz}"
+    );
+    let metrics = get(10249, "/metrics");
+    assert!(
+        metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("kubeproxy_sync_full_proxy_rules_duration_seconds"),
+        "{metrics}"
+    );
+    assert_eq!(get(10249, "/proxyMode").lines().last(), Some("iptables"));
+
+    // The API server goes away: the rules stay exactly as they are.
+    let before = nat(&ns);
+    api.set_unavailable(true);
+    api.drop_connections();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        nat(&ns),
+        before,
+        "an API outage must not touch the dataplane"
+    );
+    assert!(
+        proxy.try_wait().unwrap().is_none(),
+        "the daemon survives the outage"
+    );
+    let healthz = get(10256, "/healthz");
+    assert!(
+        healthz.contains(" 200 "),
+        "no pending change, so still healthy like upstream: {healthz}"
+    );
+
+    // While it is away an endpoint is removed; when it comes back the watches have expired,
+    // the source relists, and exactly that change is applied.
+    let slice = seed_objects()
+        .into_iter()
+        .find(|o| o["kind"] == "EndpointSlice")
+        .map(|mut o| {
+            let eps = o["endpoints"].as_array_mut().unwrap();
+            eps.retain(|e| e["addresses"][0] != "10.0.1.2");
+            o
+        })
+        .unwrap();
+    api.upsert_value(slice).unwrap();
+    api.expire_watches();
+    api.set_unavailable(false);
+    wait_for(
+        || !nat(&ns).contains("KUBE-SEP-H5CTQI4CMO4ES5BQ"),
+        Duration::from_secs(40),
+    )
+    .unwrap_or_else(|_| {
+        panic!(
+            "the change made during the outage was not applied\n{}",
+            read_log()
+        )
+    });
+    assert!(
+        nat(&ns).contains("KUBE-SEP-GS5MQAG4332XHLUZ"),
+        "the other endpoint stays"
+    );
+    assert!(
+        read_log().contains("API server unreachable"),
+        "{}",
+        read_log()
+    );
+
+    // A Service deleted through the API disappears.
+    api.delete(ApiKind::Service, "default", "nginx-svc");
+    wait_for(
+        || !nat(&ns).contains("KUBE-SVC-HL5LMXD5JFHQZ6LN"),
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|_| panic!("the deleted Service's chains remain\n{}", read_log()));
+}

@@ -1,0 +1,116 @@
+//! `--config` and `--write-config-to` with upstream's KubeProxyConfiguration format.
+
+use std::process::Command;
+
+const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
+const SEED: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../examples/seed-nginx/cluster.yaml"
+);
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn write_config_to_writes_loadable_upstream_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.conf");
+    let (ok, _, err) = run(&[
+        "--write-config-to",
+        path.to_str().unwrap(),
+        "--cluster-cidr=10.244.0.0/16",
+        "--masquerade-all",
+    ]);
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        text.contains("apiVersion: kubeproxy.config.k8s.io/v1alpha1"),
+        "{text}"
+    );
+    assert!(text.contains("kind: KubeProxyConfiguration"));
+    assert!(text.contains("clusterCIDR: 10.244.0.0/16"), "{text}");
+    assert!(text.contains("masqueradeAll: true"), "{text}");
+    assert!(
+        text.contains("syncPeriod: 30s") && text.contains("minSyncPeriod: 1s"),
+        "{text}"
+    );
+    // And it is accepted back.
+    let (ok, out, err) = run(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--manifests",
+        SEED,
+        "--dry-run",
+        "--hostname-override=k8s-master",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("-A KUBE-SVC-HL5LMXD5JFHQZ6LN -d 10.96.138.71/32"),
+        "masquerade-all from the file: {out}"
+    );
+}
+
+#[test]
+fn config_values_apply_and_flags_override_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.conf");
+    std::fs::write(
+        &path,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: 10.0.0.0/16\nhostnameOverride: k8s-master\niptables:\n  masqueradeBit: 5\n",
+    )
+    .unwrap();
+    let (ok, out, err) = run(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--manifests",
+        SEED,
+        "--dry-run",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("! -s 10.0.0.0/16"),
+        "clusterCIDR from the file: {out}"
+    );
+    assert!(
+        out.contains("--set-xmark 0x20/0x20"),
+        "masqueradeBit from the file: {out}"
+    );
+    let (ok, out, _) = run(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--manifests",
+        SEED,
+        "--dry-run",
+        "--iptables-masquerade-bit=14",
+    ]);
+    assert!(ok);
+    assert!(
+        out.contains("--set-xmark 0x4000/0x4000"),
+        "the command line wins: {out}"
+    );
+}
+
+#[test]
+fn unknown_fields_are_rejected_with_their_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.conf");
+    std::fs::write(&path, "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\niptables:\n  masqueradeBitt: 14\n").unwrap();
+    let (ok, _, err) = run(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--manifests",
+        SEED,
+        "--dry-run",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("iptables") && err.contains("masqueradeBitt"),
+        "{err}"
+    );
+}
