@@ -1,0 +1,355 @@
+//! Real-traffic checks of Service features through the `kube-proxy-rs` binary, in both proxy
+//! modes: session affinity, externalTrafficPolicy Local keeping the client's address,
+//! loadBalancerSourceRanges, UDP and the UDP conntrack cleanup after an endpoint change;
+//! nftables mode also hairpin traffic and IPv6. They prove with real packets a subset of what
+//! the conformance table proves with the tracer.
+//!
+//! A check that holds in both modes is written once, as a function taking the [`Mode`], with
+//! one `#[test]` per mode; nftables-only checks are in `if` branches or in a test named after
+//! the mode. Each test creates its own network namespaces (root; CI runs them); nothing here
+//! touches the root namespace.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use common::{
+    Daemon, Mode, NODE_ARGS, dns_cluster, feature_cluster, feature_topology, names, nft_table,
+    start_udp_echo, tempdir, write,
+};
+use kp_testkit::{
+    ClientError, HttpBackend, Topology, UdpClient, UdpEchoBackend, http_get, http_get_many,
+    require_root, udp_request,
+};
+
+/// The feature cluster with the proxy running: HTTP on port 80 and UDP echo on 5353 in both
+/// backends, and a second client (192.168.56.101) outside `fw`'s source range.
+struct Cluster {
+    topology: Topology,
+    http: Vec<HttpBackend>,
+    _udp: Vec<UdpEchoBackend>,
+    _proxy: Daemon,
+    _dir: tempfile::TempDir,
+}
+
+fn start(mode: Mode) -> Cluster {
+    let mut topology = feature_topology();
+    topology.add_client(true).unwrap();
+    let http = topology.start_http(80).unwrap();
+    let udp = start_udp_echo(&topology, 5353);
+    let dir = tempdir();
+    let manifest = write(dir.path(), "cluster.yaml", &feature_cluster(mode));
+    let mut args = vec!["--manifests", manifest.to_str().unwrap()];
+    args.extend(NODE_ARGS);
+    let mut proxy = Daemon::start(mode, topology.node(), dir.path(), &args, None);
+    proxy.wait_programmed(topology.node());
+    Cluster {
+        topology,
+        http,
+        _udp: udp,
+        _proxy: proxy,
+        _dir: dir,
+    }
+}
+
+/// Affinity, Local policy, source ranges and UDP balancing, one after the other on one
+/// cluster.
+fn service_features_with_real_traffic(mode: Mode) {
+    if !require_root() {
+        return;
+    }
+    let c = start(mode);
+    let client = c.topology.client();
+    let client2 = c.topology.clients()[1].ns();
+    let node_ip: IpAddr = "192.168.56.10".parse().unwrap();
+
+    // Session affinity: every connection of one client goes to the same backend.
+    let sticky = names(
+        http_get_many(
+            client,
+            "10.96.0.90:80".parse().unwrap(),
+            30,
+            Duration::from_secs(2),
+        ),
+        "sticky request",
+    );
+    assert!(
+        sticky.iter().all(|n| *n == sticky[0]),
+        "affinity broken: {sticky:?}"
+    );
+    if mode == Mode::Nftables {
+        // The client's address is remembered in the chosen endpoint's affinity set.
+        let table = nft_table(c.topology.node(), "ip").unwrap();
+        let remembered = table
+            .split("\tset ")
+            .filter(|set| set.starts_with("affinity-"))
+            .filter_map(|set| set.split("\n\t}").next())
+            .filter(|set| set.contains("192.168.56.100 expires"))
+            .count();
+        assert_eq!(remembered, 1, "{table}");
+    }
+
+    // externalTrafficPolicy Local: only the local endpoint, and it sees the client's address.
+    let be0 = &c.http[0];
+    be0.clear_peers();
+    let local = names(
+        http_get_many(
+            client,
+            SocketAddr::new(node_ip, 30070),
+            20,
+            Duration::from_secs(2),
+        ),
+        "Local NodePort",
+    );
+    for name in &local {
+        assert_eq!(name, "be0", "only the local endpoint serves");
+    }
+    let client_ip: IpAddr = "192.168.56.100".parse().unwrap();
+    assert!(
+        !be0.peer_ips().is_empty() && be0.peer_ips().iter().all(|ip| *ip == client_ip),
+        "source not preserved: {:?}",
+        be0.peer_ips()
+    );
+
+    if mode == Mode::Nftables {
+        // Hairpin: the local endpoint reaches its own Service and is answered by itself too
+        // (masqueraded through the hairpin-connections set, or the reply would bypass NAT).
+        let pod = c.topology.backend(0).ns();
+        let mut answered = BTreeMap::new();
+        for name in names(
+            http_get_many(
+                pod,
+                "10.96.0.70:80".parse().unwrap(),
+                30,
+                Duration::from_secs(2),
+            ),
+            "hairpin request",
+        ) {
+            *answered.entry(name).or_insert(0) += 1;
+        }
+        assert!(
+            answered.get("be0").is_some_and(|n| *n > 0)
+                && answered.get("be1").is_some_and(|n| *n > 0),
+            "{answered:?}"
+        );
+    }
+
+    // loadBalancerSourceRanges: the allowed client gets through, another one is dropped.
+    let lb: SocketAddr = "10.99.0.3:80".parse().unwrap();
+    assert!(
+        http_get(client, lb, Duration::from_secs(2)).is_ok(),
+        "client inside the source range"
+    );
+    let denied = http_get(client2, lb, Duration::from_millis(1500));
+    assert!(
+        matches!(denied, Err(ClientError::Timeout)),
+        "client outside the range must be dropped: {denied:?}"
+    );
+    // ...but its NodePort is not filtered.
+    assert!(
+        http_get(
+            client2,
+            SocketAddr::new(node_ip, 30060),
+            Duration::from_secs(2)
+        )
+        .is_ok()
+    );
+
+    // UDP: requests reach both backends; one socket (one source port) sticks to one backend
+    // through conntrack.
+    let vip: SocketAddr = "10.96.0.53:53".parse().unwrap();
+    let mut seen = BTreeSet::new();
+    for _ in 0..40 {
+        let reply =
+            udp_request(client, vip, b"q", Duration::from_secs(2), None).expect("UDP reply");
+        seen.insert(reply.text());
+    }
+    assert_eq!(seen.len(), 2, "UDP balanced over both backends: {seen:?}");
+    let socket = UdpClient::bind(client, "0.0.0.0:40053".parse().unwrap()).unwrap();
+    let first = socket
+        .request(vip, b"q", Duration::from_secs(2))
+        .unwrap()
+        .text();
+    for _ in 0..10 {
+        assert_eq!(
+            socket
+                .request(vip, b"q", Duration::from_secs(2))
+                .unwrap()
+                .text(),
+            first
+        );
+    }
+}
+
+#[test]
+fn service_features_with_real_traffic_iptables() {
+    service_features_with_real_traffic(Mode::Iptables);
+}
+
+#[test]
+fn service_features_with_real_traffic_nftables() {
+    service_features_with_real_traffic(Mode::Nftables);
+}
+
+/// A resolver-like UDP client keeps its source port while the `dns` endpoint moves from be0
+/// to be1; be0 stays up, so only a stale conntrack entry could keep the client on it: the
+/// proxy must delete it.
+fn udp_conntrack_entries_follow_endpoint_changes(mode: Mode) {
+    if !require_root() {
+        return;
+    }
+    let topology = feature_topology();
+    let udp = start_udp_echo(&topology, 5353);
+    let dir = tempdir();
+    let manifest = write(
+        dir.path(),
+        "dns.yaml",
+        &dns_cluster("10.0.1.4", "k8s-master"),
+    );
+    let mut args = vec![
+        "--iptables-min-sync-period=200ms",
+        "--manifests",
+        manifest.to_str().unwrap(),
+    ];
+    args.extend(NODE_ARGS);
+    let node = topology.node();
+    let mut proxy = Daemon::start(mode, node, dir.path(), &args, None);
+    proxy.wait_nat_rules_contain(node, "10.0.1.4:5353");
+
+    // A resolver-like client: one socket, one source port, a query every 100 ms.
+    let vip: SocketAddr = "10.96.0.53:53".parse().unwrap();
+    let client = UdpClient::bind(topology.client(), "0.0.0.0:45353".parse().unwrap()).unwrap();
+    let ask = |timeout| client.request(vip, b"q", timeout).map(|r| r.text());
+    for _ in 0..5 {
+        assert_eq!(ask(Duration::from_secs(2)).unwrap(), "be0");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The endpoint moves from be0 to be1; be0 stays up, so only conntrack could keep the
+    // client on it.
+    write(dir.path(), "dns.yaml", &dns_cluster("10.0.2.5", "node-b"));
+    let start = Instant::now();
+    let mut moved = false;
+    while start.elapsed() < Duration::from_secs(5) {
+        if ask(Duration::from_secs(1)).ok().as_deref() == Some("be1") {
+            moved = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        moved,
+        "the client's conntrack entry still points at be0\n{}",
+        proxy.log()
+    );
+    eprintln!(
+        "the same source port reached the new endpoint after {:?}",
+        start.elapsed()
+    );
+    assert!(
+        proxy.log().contains("deleted stale UDP conntrack entries"),
+        "{}",
+        proxy.log()
+    );
+    for _ in 0..5 {
+        assert_eq!(ask(Duration::from_secs(2)).unwrap(), "be1");
+    }
+    drop(udp);
+}
+
+#[test]
+fn udp_conntrack_entries_follow_endpoint_changes_iptables() {
+    udp_conntrack_entries_follow_endpoint_changes(Mode::Iptables);
+}
+
+#[test]
+fn udp_conntrack_entries_follow_endpoint_changes_nftables() {
+    udp_conntrack_entries_follow_endpoint_changes(Mode::Nftables);
+}
+
+/// nftables only: an IPv6-only node; ClusterIP and NodePort (on the Node's primary address)
+/// reach both backends.
+#[test]
+fn nftables_ipv6_cluster_ip_and_node_port() {
+    if !require_root() {
+        return;
+    }
+    let topology = Topology::builder().ipv6_only().backends(2).build().unwrap();
+    let http = topology.start_http(8080).unwrap();
+    let be: Vec<IpAddr> = topology
+        .backends()
+        .iter()
+        .map(|b| b.ip(kp_model::IpFamily::V6).unwrap())
+        .collect();
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Node
+  metadata: {{name: k8s-master}}
+  status:
+    addresses: [{{type: InternalIP, address: "fd00:56::10"}}]
+- apiVersion: v1
+  kind: Service
+  metadata: {{name: web6, namespace: default}}
+  spec:
+    type: NodePort
+    clusterIP: "fd00:10:96::a"
+    ipFamilies: [IPv6]
+    ports: [{{port: 80, targetPort: 8080, nodePort: 30090}}]
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata:
+    name: web6-1
+    namespace: default
+    labels: {{kubernetes.io/service-name: web6}}
+  addressType: IPv6
+  endpoints:
+  - addresses: ["{}"]
+    nodeName: k8s-master
+  - addresses: ["{}"]
+    nodeName: node-b
+  ports: [{{name: "", port: 8080, protocol: TCP}}]
+"#,
+        be[0], be[1]
+    );
+    let dir = tempdir();
+    let path = write(dir.path(), "cluster.yaml", &manifest);
+    let node = topology.node();
+    let mut proxy = Daemon::start(
+        Mode::Nftables,
+        node,
+        dir.path(),
+        &[
+            "--hostname-override=k8s-master",
+            "--cluster-cidr=fd00:10:244::/64",
+            "-v=2",
+            "--manifests",
+            path.to_str().unwrap(),
+        ],
+        None,
+    );
+    proxy.wait_until("the proxy did not program the IPv6 Service", || {
+        nft_table(node, "ip6").is_some_and(|s| s.contains("fd00:10:96::a . tcp . 80"))
+    });
+    for (what, target) in [
+        ("ClusterIP", "[fd00:10:96::a]:80"),
+        ("NodePort", "[fd00:56::10]:30090"),
+    ] {
+        let seen: BTreeSet<String> = names(
+            http_get_many(
+                topology.client(),
+                target.parse().unwrap(),
+                40,
+                Duration::from_secs(2),
+            ),
+            &format!("{what}\n{}", proxy.log()),
+        )
+        .into_iter()
+        .collect();
+        assert_eq!(seen.len(), 2, "{what}: both backends answer: {seen:?}");
+    }
+    drop(http);
+}
