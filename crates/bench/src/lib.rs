@@ -9,6 +9,15 @@
 //!
 //! Everything that touches the kernel happens inside a network namespace created for the
 //! run ([`kp_testkit::Netns`]), never in the root namespace.
+//!
+//! `kp-bench all` runs the whole suite side by side for every mode: [`control`] (render,
+//! kernel load, syncs, one-Service changes, RSS), [`datapath`] (new-connection latency,
+//! requests per second, CPU per connection through a ClusterIP) and writes JSON, Markdown
+//! and SVG charts ([`report`]).
+
+pub mod control;
+pub mod datapath;
+pub mod report;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
@@ -18,8 +27,9 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use ipnet::IpNet;
 use kp_model::{
-    Changes, Endpoint, IpFamily, NamespacedName, Protocol, ServicePortInfo, ServicePortName,
-    ServiceType, SessionAffinity, Snapshot,
+    Changes, Endpoint, EndpointEntry, EndpointPort, EndpointSlice, IpFamily, NamespacedName,
+    ObjectKind, Protocol, Service, ServicePortInfo, ServicePortName, ServicePortSpec, ServiceType,
+    SessionAffinity, SliceAddressType, Snapshot, SourceEvent,
 };
 use kp_netfilter::{ExecNft, Nft, SystemExec, TableObjects};
 use kp_proxier::nftables::render::{RenderConfig, render};
@@ -32,7 +42,80 @@ pub const NODE: &str = "bench-node";
 /// The pod CIDR of the synthetic cluster, `10.128.0.0/9` (endpoints are allocated from it).
 pub const POD_CIDR: &str = "10.128.0.0/9";
 
-fn v4(base: [u8; 4], offset: usize) -> IpAddr {
+/// A proxy mode under test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Mode {
+    /// iptables mode, `iptables-legacy-restore`.
+    IptablesLegacy,
+    /// iptables mode, `iptables-nft-restore` (Debian's default `iptables-restore`).
+    IptablesNft,
+    /// iptables mode, `iptables-nft-restore`, full syncs starting with `-Z`
+    /// ([`kp_proxier::iptables::IptablesProxier::with_zero_counters_on_full_sync`]).
+    IptablesNftZero,
+    /// nftables mode, `nft -f`.
+    Nftables,
+}
+
+impl Mode {
+    /// Every mode, in report order.
+    pub const ALL: [Mode; 4] = [
+        Mode::IptablesLegacy,
+        Mode::IptablesNft,
+        Mode::IptablesNftZero,
+        Mode::Nftables,
+    ];
+
+    /// `iptables-legacy`, `iptables-nft`, `iptables-nft-zero`, `nftables`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::IptablesLegacy => "iptables-legacy",
+            Mode::IptablesNft => "iptables-nft",
+            Mode::IptablesNftZero => "iptables-nft-zero",
+            Mode::Nftables => "nftables",
+        }
+    }
+
+    /// Whether this is iptables mode (any backend).
+    pub fn is_iptables(self) -> bool {
+        self != Mode::Nftables
+    }
+
+    /// Parses a [`Mode::label`].
+    pub fn parse(s: &str) -> Option<Mode> {
+        Mode::ALL.into_iter().find(|m| m.label() == s)
+    }
+}
+
+/// Renders the cold full payload of `mode` for `snap` (a node without our rules) and the time
+/// it took (render plus payload text, no kernel).
+pub fn render_payload(mode: Mode, snap: &Snapshot) -> (String, Duration) {
+    match mode {
+        Mode::Nftables => render_fresh(snap),
+        Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesNftZero => {
+            let cfg = iptables_render_config();
+            let t = Instant::now();
+            let mut r = kp_proxier::iptables::render::render(snap, &cfg, None);
+            let (payload, _) = kp_proxier::iptables::reconcile::full_payload_take_with(
+                &mut r,
+                None,
+                cfg.kube_firewall,
+                mode == Mode::IptablesNftZero,
+            );
+            (payload, t.elapsed())
+        }
+    }
+}
+
+/// The iptables render settings the benchmark uses: ClusterCIDR detection with
+/// [`POD_CIDR`], NodePorts on every local address, IPv4.
+pub fn iptables_render_config() -> kp_proxier::iptables::render::RenderConfig {
+    kp_proxier::iptables::render::RenderConfig {
+        local: LocalDetector::Cidrs(vec![pod_cidr()]).for_family(IpFamily::V4, &[]),
+        ..kp_proxier::iptables::render::RenderConfig::default()
+    }
+}
+
+pub(crate) fn v4(base: [u8; 4], offset: usize) -> IpAddr {
     let n = u32::from(Ipv4Addr::from(base)).wrapping_add(offset as u32);
     IpAddr::V4(Ipv4Addr::from(n))
 }
@@ -96,8 +179,57 @@ pub fn scale_snapshot(services: usize, endpoints: usize) -> Snapshot {
     snap
 }
 
+/// The source events of the same synthetic cluster as [`scale_snapshot`] (one Service and
+/// one EndpointSlice per Service, then `Synced` for both kinds), for feeding a
+/// [`kp_track::Tracker`].
+pub fn scale_events(services: usize, endpoints: usize) -> Vec<SourceEvent> {
+    let mut out = Vec::with_capacity(2 * services + 2);
+    for i in 0..services {
+        let (svc, slice) = scale_objects(i, endpoints);
+        out.push(SourceEvent::ServiceUpsert(svc));
+        out.push(SourceEvent::SliceUpsert(slice));
+    }
+    out.push(SourceEvent::Synced(ObjectKind::Service));
+    out.push(SourceEvent::Synced(ObjectKind::EndpointSlice));
+    out
+}
+
+/// Service `i` and its EndpointSlice as source objects (the same cluster as
+/// [`scale_service`]).
+pub fn scale_objects(i: usize, endpoints: usize) -> (Service, EndpointSlice) {
+    let (info, eps) = scale_service(i, endpoints);
+    let name = info.name.service.clone();
+    let mut svc = Service::cluster_ip(
+        name.clone(),
+        info.cluster_ip,
+        vec![ServicePortSpec {
+            name: info.name.port.clone(),
+            protocol: info.name.protocol,
+            port: info.port,
+            node_port: info.node_port,
+        }],
+    );
+    svc.service_type = info.service_type;
+    let slice = EndpointSlice {
+        name: NamespacedName::new(name.namespace.clone(), format!("{}-abcde", name.name)),
+        service: name,
+        address_type: SliceAddressType::V4,
+        ports: vec![EndpointPort {
+            name: info.name.port.clone(),
+            protocol: info.name.protocol,
+            port: 8080,
+        }],
+        endpoints: eps
+            .iter()
+            .map(|e| EndpointEntry::ready(e.ip, Some(if e.is_local { NODE } else { "other" })))
+            .collect(),
+        last_change_trigger_time: None,
+    };
+    (svc, slice)
+}
+
 /// The pod CIDR as a network.
-fn pod_cidr() -> IpNet {
+pub(crate) fn pod_cidr() -> IpNet {
     IpNet::new(IpAddr::V4(Ipv4Addr::new(10, 128, 0, 0)), 9).unwrap_or_default()
 }
 
@@ -277,3 +409,160 @@ pub fn summarize(runs: &[ScaleRun]) -> BTreeMap<&'static str, Duration> {
     }
     out
 }
+
+/// Settings of [`run_all`].
+#[derive(Debug, Clone)]
+pub struct AllOptions {
+    /// Modes to measure.
+    pub modes: Vec<Mode>,
+    /// Control-plane sizes (Services × 10 endpoints).
+    pub control_sizes: Vec<usize>,
+    /// Datapath sizes (background Services).
+    pub datapath_sizes: Vec<usize>,
+    /// Control-plane runs per point.
+    pub runs: usize,
+    /// Latency probes per datapath point and position.
+    pub probes: usize,
+    /// Seconds per requests-per-second run.
+    pub rps_seconds: f64,
+    /// Client threads of the requests-per-second runs.
+    pub concurrency: usize,
+    /// Timeout of each kernel-tool run.
+    pub tool_timeout: Duration,
+    /// The `kp-bench` binary for the RSS child (`None`: RSS not measured).
+    pub rss_binary: Option<std::path::PathBuf>,
+    /// Quick mode (recorded in the report).
+    pub quick: bool,
+    /// The command line (recorded in the report).
+    pub command: String,
+}
+
+impl AllOptions {
+    /// The full run: 100, 1k, 5k, 10k Services, 3 runs, 2,000 probes, 10-minute timeouts.
+    pub fn full() -> Self {
+        AllOptions {
+            modes: Mode::ALL.to_vec(),
+            control_sizes: vec![100, 1000, 5000, 10_000],
+            datapath_sizes: vec![0, 1000, 5000, 10_000],
+            runs: 3,
+            probes: 2000,
+            rps_seconds: 3.0,
+            concurrency: 4,
+            tool_timeout: Duration::from_secs(600),
+            rss_binary: None,
+            quick: false,
+            command: String::new(),
+        }
+    }
+
+    /// The quick run for CI: 100 Services, 200 probes, one run, short timeouts.
+    pub fn quick() -> Self {
+        AllOptions {
+            control_sizes: vec![100],
+            datapath_sizes: vec![0, 100],
+            runs: 1,
+            probes: 200,
+            rps_seconds: 0.5,
+            concurrency: 2,
+            tool_timeout: Duration::from_secs(120),
+            quick: true,
+            ..AllOptions::full()
+        }
+    }
+}
+
+/// Runs every benchmark side by side (each point measures the modes one after the other)
+/// and returns the report. Progress goes to stderr.
+///
+/// # Errors
+/// Creating namespaces fails (needs root).
+pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
+    let started = Instant::now();
+    let started_unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let copts = control::ControlOptions {
+        runs: opts.runs,
+        tool_timeout: opts.tool_timeout,
+        rss_binary: opts.rss_binary.clone(),
+    };
+    let mut control_points = Vec::new();
+    for &n in &opts.control_sizes {
+        for &mode in &opts.modes {
+            eprintln!(
+                "[{:>6.0} s] control plane: {} at {n} Services",
+                started.elapsed().as_secs_f64(),
+                mode.label()
+            );
+            // A size above one whose load already timed out would time out too.
+            let timed_out = control_points.iter().find(|c: &&control::ControlPoint| {
+                c.mode == mode.label() && c.services < n && c.floor.ms().is_none()
+            });
+            if let Some(c) = timed_out {
+                control_points.push(control::ControlPoint::skipped(
+                    mode,
+                    n,
+                    10,
+                    format!("the kernel tool did not finish at {} Services", c.services),
+                ));
+                continue;
+            }
+            let p = control::control_point(mode, n, 10, &copts)?;
+            eprintln!(
+                "           render {}, floor {}, cold sync {}, resync {}",
+                control::fmt_ms(p.render_ms),
+                p.floor.cell(),
+                p.cold_sync.cell(),
+                p.resync.cell()
+            );
+            control_points.push(p);
+        }
+    }
+    let dopts = datapath::DatapathOptions {
+        probes: opts.probes,
+        rps_seconds: opts.rps_seconds,
+        concurrency: opts.concurrency,
+        tool_timeout: opts.tool_timeout,
+    };
+    let mut datapath_points = Vec::new();
+    for &n in &opts.datapath_sizes {
+        for &mode in &opts.modes {
+            // Do not wait again for a load the control plane already saw time out.
+            let hopeless = control_points.iter().any(|c: &control::ControlPoint| {
+                c.mode == mode.label() && c.services <= n && c.floor.ms().is_none()
+            });
+            eprintln!(
+                "[{:>6.0} s] datapath: {} with {n} background Services",
+                started.elapsed().as_secs_f64(),
+                mode.label()
+            );
+            if hopeless {
+                datapath_points.push(datapath::DatapathPoint {
+                    mode: mode.label().into(),
+                    services: n,
+                    load: control::Timed::Skipped {
+                        reason: "the kernel tool did not load this size in the control-plane run"
+                            .into(),
+                    },
+                    sysctl_warnings: Vec::new(),
+                    positions: Vec::new(),
+                });
+                continue;
+            }
+            datapath_points.push(datapath::datapath_point(mode, n, &dopts)?);
+        }
+    }
+    Ok(report::RunReport {
+        command: opts.command.clone(),
+        started_unix,
+        duration_s: started.elapsed().as_secs_f64(),
+        quick: opts.quick,
+        machine: report::MachineInfo::read(),
+        control: control_points,
+        datapath: datapath_points,
+    })
+}
+
+/// The report type of [`run_all`].
+pub type RunReportAlias = report::RunReport;

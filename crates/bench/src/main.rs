@@ -2,13 +2,18 @@
 //! namespaces the benchmark creates).
 //!
 //! ```text
+//! kp-bench all --out docs/benchmarks          # the full suite, every mode, side by side
+//! kp-bench all --quick --out /tmp/kp-bench    # the CI sizes
+//! kp-bench dump --mode iptables-legacy --services 10000 > payload.txt
 //! kp-bench nft-scale --services 10000 --endpoints 10 --runs 3
 //! ```
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use kp_bench::{AllOptions, Mode};
 
 /// kp-bench: scale benchmarks of kube-proxy-rs.
 #[derive(Debug, Parser)]
@@ -20,6 +25,67 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Every benchmark for every mode (iptables-legacy, iptables-nft, nftables), side by
+    /// side: control plane and datapath. Writes results.json, results.md, machine.md and SVG
+    /// charts into --out. Needs root; everything runs in network namespaces it creates.
+    All {
+        /// Output directory.
+        #[arg(long, default_value = "docs/benchmarks")]
+        out: PathBuf,
+        /// CI sizes: 100 Services, 200 probes, one run.
+        #[arg(long)]
+        quick: bool,
+        /// Modes (comma-separated labels); default all.
+        #[arg(long, value_delimiter = ',')]
+        modes: Vec<String>,
+        /// Control-plane sizes (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        control_sizes: Vec<usize>,
+        /// Datapath sizes (comma-separated background Services).
+        #[arg(long, value_delimiter = ',')]
+        datapath_sizes: Vec<usize>,
+        /// Control-plane runs per point.
+        #[arg(long)]
+        runs: Option<usize>,
+        /// Latency probes per datapath point and position.
+        #[arg(long)]
+        probes: Option<usize>,
+        /// Seconds per requests-per-second run.
+        #[arg(long)]
+        rps_seconds: Option<f64>,
+        /// Timeout of each kernel-tool run, seconds.
+        #[arg(long)]
+        tool_timeout: Option<u64>,
+    },
+    /// Child process of `all`: builds the tracker state for N Services, runs one full sync
+    /// of MODE into a fresh namespace and prints its peak RSS (VmHWM).
+    Rss {
+        /// Mode label.
+        #[arg(long)]
+        mode: String,
+        /// Services.
+        #[arg(long)]
+        services: usize,
+        /// Endpoints per Service.
+        #[arg(long, default_value_t = 10)]
+        endpoints: usize,
+        /// Timeout of the kernel tool, seconds.
+        #[arg(long, default_value_t = 600)]
+        tool_timeout: u64,
+    },
+    /// Prints the cold full payload of a mode (what a fresh node receives), for experiments
+    /// with the kernel tools.
+    Dump {
+        /// Mode label (the iptables modes print the same payload).
+        #[arg(long, default_value = "iptables-legacy")]
+        mode: String,
+        /// Services.
+        #[arg(long, default_value_t = 10_000)]
+        services: usize,
+        /// Endpoints per Service.
+        #[arg(long, default_value_t = 10)]
+        endpoints: usize,
+    },
     /// Render N Services × M endpoints in nftables mode, load them with `nft -f` into a fresh
     /// network namespace, then time a full resync and three one-Service changes (partial
     /// syncs). Prints the median of the runs. Needs root.
@@ -40,9 +106,90 @@ fn ms(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1e3)
 }
 
+fn mode(label: &str) -> anyhow::Result<Mode> {
+    Mode::parse(label).with_context(|| {
+        format!("unknown mode {label:?} (iptables-legacy, iptables-nft, nftables)")
+    })
+}
+
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::All {
+            out,
+            quick,
+            modes,
+            control_sizes,
+            datapath_sizes,
+            runs,
+            probes,
+            rps_seconds,
+            tool_timeout,
+        } => {
+            if !nix_is_root() {
+                bail!(
+                    "kp-bench all loads rules into network namespaces it creates: run it as root"
+                );
+            }
+            let mut opts = if quick {
+                AllOptions::quick()
+            } else {
+                AllOptions::full()
+            };
+            if !modes.is_empty() {
+                opts.modes = modes
+                    .iter()
+                    .map(|m| mode(m))
+                    .collect::<anyhow::Result<_>>()?;
+            }
+            if !control_sizes.is_empty() {
+                opts.control_sizes = control_sizes;
+            }
+            if !datapath_sizes.is_empty() {
+                opts.datapath_sizes = datapath_sizes;
+            }
+            opts.runs = runs.unwrap_or(opts.runs);
+            opts.probes = probes.unwrap_or(opts.probes);
+            opts.rps_seconds = rps_seconds.unwrap_or(opts.rps_seconds);
+            if let Some(t) = tool_timeout {
+                opts.tool_timeout = Duration::from_secs(t);
+            }
+            opts.rss_binary = std::env::current_exe().ok();
+            opts.command = std::env::args().collect::<Vec<_>>().join(" ");
+            let report = kp_bench::run_all(&opts)?;
+            for p in report.write(&out)? {
+                println!("wrote {}", p.display());
+            }
+            Ok(())
+        }
+        Command::Rss {
+            mode: m,
+            services,
+            endpoints,
+            tool_timeout,
+        } => {
+            let (state, peak) = kp_bench::control::rss_child(
+                mode(&m)?,
+                services,
+                endpoints,
+                Duration::from_secs(tool_timeout),
+            )?;
+            println!("state_rss_mib={state:.2}");
+            println!("peak_rss_mib={peak:.2}");
+            Ok(())
+        }
+        Command::Dump {
+            mode: m,
+            services,
+            endpoints,
+        } => {
+            let snap = kp_bench::scale_snapshot(services, endpoints);
+            let (payload, took) = kp_bench::render_payload(mode(&m)?, &snap);
+            eprintln!("rendered {} bytes in {}", payload.len(), ms(took));
+            use std::io::Write as _;
+            std::io::stdout().lock().write_all(payload.as_bytes())?;
+            Ok(())
+        }
         Command::NftScale {
             services,
             endpoints,

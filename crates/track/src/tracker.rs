@@ -39,8 +39,10 @@ pub struct Tracker {
     synced: BTreeSet<ObjectKind>,
     dirty: BTreeSet<NamespacedName>,
     full_resync_needed: bool,
-    /// The view as of the last checkout.
-    current: Snapshot,
+    /// The view as of the last checkout, shared with the proxier: changed in place
+    /// ([`Arc::make_mut`]) when the previous checkout's copy is no longer held, else copied
+    /// once, so a one-Service change does not copy the maps of every Service.
+    current: Arc<Snapshot>,
     /// ServicePortNames each Service contributed to `current`, for removal on change.
     ports_of: HashMap<NamespacedName, Vec<ServicePortName>>,
     /// Trigger times of slices changed since the last checkout.
@@ -58,7 +60,7 @@ impl Tracker {
         let node_name = node_name.into();
         Tracker {
             family,
-            current: Snapshot::empty(family, node_name.clone()),
+            current: Arc::new(Snapshot::empty(family, node_name.clone())),
             node_name,
             services: HashMap::new(),
             slices: HashMap::new(),
@@ -221,12 +223,12 @@ impl Tracker {
         for name in &dirty {
             self.rebuild_service(name);
         }
-        self.current.node_labels = self
+        let node_labels = self
             .node
             .as_ref()
             .map(|n| n.labels.clone())
             .unwrap_or_default();
-        self.current.node_ips = self
+        let node_ips: Vec<_> = self
             .node
             .as_ref()
             .map(|n| {
@@ -237,7 +239,7 @@ impl Tracker {
                     .collect()
             })
             .unwrap_or_default();
-        self.current.node_pod_cidrs = self
+        let node_pod_cidrs: Vec<_> = self
             .node
             .as_ref()
             .map(|n| {
@@ -248,19 +250,29 @@ impl Tracker {
                     .collect()
             })
             .unwrap_or_default();
+        if self.current.node_labels != node_labels
+            || self.current.node_ips != node_ips
+            || self.current.node_pod_cidrs != node_pod_cidrs
+        {
+            let current = Arc::make_mut(&mut self.current);
+            current.node_labels = node_labels;
+            current.node_ips = node_ips;
+            current.node_pod_cidrs = node_pod_cidrs;
+        }
         let changes = Changes {
             services: dirty,
             full_resync_needed: std::mem::take(&mut self.full_resync_needed),
             trigger_times: std::mem::take(&mut self.trigger_times),
         };
-        (Arc::new(self.current.clone()), changes)
+        (Arc::clone(&self.current), changes)
     }
 
     fn rebuild_service(&mut self, name: &NamespacedName) {
         if let Some(old) = self.ports_of.remove(name) {
+            let current = Arc::make_mut(&mut self.current);
             for spn in old {
-                self.current.services.remove(&spn);
-                self.current.endpoints.remove(&spn);
+                current.services.remove(&spn);
+                current.endpoints.remove(&spn);
             }
         }
         let Some(svc) = self.services.get(name) else {
@@ -272,12 +284,13 @@ impl Tracker {
         }
         let mut endpoints = merge_slices(self.slices.get(name), self.family, &self.node_name);
         let mut names = Vec::with_capacity(infos.len());
+        let current = Arc::make_mut(&mut self.current);
         for info in infos {
             let spn = info.name.clone();
             if let Some(eps) = endpoints.remove(&spn) {
-                self.current.endpoints.insert(spn.clone(), eps.into());
+                current.endpoints.insert(spn.clone(), eps.into());
             }
-            self.current.services.insert(spn.clone(), Arc::new(info));
+            current.services.insert(spn.clone(), Arc::new(info));
             names.push(spn);
         }
         self.ports_of.insert(name.clone(), names);
@@ -380,6 +393,36 @@ fn warn_wrong_family(svc: &Service) {
     }
 }
 
+/// An endpoint's `ip:port` text (`[ip]:port` for IPv6) held inline, zero-padded: ordering
+/// the arrays orders the texts (text never holds a zero byte, and a prefix sorts first
+/// either way), without a String per endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct EndpointKey([u8; 48]);
+
+impl EndpointKey {
+    fn of(ep: &Endpoint) -> Self {
+        struct Buf {
+            bytes: [u8; 48],
+            len: usize,
+        }
+        impl std::fmt::Write for Buf {
+            fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                let end = self.len + s.len();
+                let dst = self.bytes.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+                dst.copy_from_slice(s.as_bytes());
+                self.len = end;
+                Ok(())
+            }
+        }
+        let mut buf = Buf {
+            bytes: [0; 48],
+            len: 0,
+        };
+        let _ = std::fmt::Write::write_fmt(&mut buf, format_args!("{ep}"));
+        EndpointKey(buf.bytes)
+    }
+}
+
 /// Merges a Service's slices into endpoints per ServicePortName: slices of another family
 /// are ignored, an `ip:port` seen twice is kept once (a local copy wins), and each list is
 /// sorted by its `ip:port` text.
@@ -388,7 +431,7 @@ pub(crate) fn merge_slices(
     family: IpFamily,
     node_name: &str,
 ) -> HashMap<ServicePortName, Vec<Endpoint>> {
-    let mut by_port: HashMap<ServicePortName, BTreeMap<String, Endpoint>> = HashMap::new();
+    let mut by_port: HashMap<ServicePortName, BTreeMap<EndpointKey, Endpoint>> = HashMap::new();
     let Some(slices) = slices else {
         return HashMap::new();
     };
@@ -425,7 +468,7 @@ pub(crate) fn merge_slices(
                         .as_ref()
                         .map(|h| h.iter().cloned().collect()),
                 };
-                let key = ep.to_string();
+                let key = EndpointKey::of(&ep);
                 match set.get(&key) {
                     Some(_) if !is_local => {}
                     _ => {

@@ -22,7 +22,7 @@ use tracing::{debug, info, warn};
 
 use crate::{Host, LocalDetector, NodePortAddresses, Proxier, ProxierError, ProxyMode, SyncReport};
 use reconcile::{CleanupPlan, KernelTable, KernelTables};
-use render::{RenderConfig, Rendered};
+use render::{ChainSet, RenderCache, RenderConfig, Rendered};
 
 /// Settings of iptables mode, named after kube-proxy's flags.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,7 +67,11 @@ pub struct IptablesProxier<I: Iptables> {
     needs_full: bool,
     setup_done: bool,
     /// Per-Service chains in the kernel after the last successful sync.
-    previous_chains: HashSet<String>,
+    previous_chains: ChainSet,
+    /// Chain names and per-Service results kept across syncs (see [`RenderCache`]).
+    cache: RenderCache,
+    /// Start full-sync payloads with `-Z` (see [`Self::with_zero_counters_on_full_sync`]).
+    zero_counters_on_full_sync: bool,
     /// Netlink conntrack, for the UDP stale-entry cleanup (none: cleanup disabled).
     conntrack: Option<Box<dyn ConntrackOps + Send>>,
     /// UDP Services as of the last successful sync (a deleted one needs a cleanup too).
@@ -118,7 +122,9 @@ impl<I: Iptables> IptablesProxier<I> {
             random_fully,
             needs_full: true,
             setup_done: false,
-            previous_chains: HashSet::new(),
+            previous_chains: ChainSet::default(),
+            cache: RenderCache::new(),
+            zero_counters_on_full_sync: false,
             conntrack: None,
             udp_services: HashSet::new(),
         })
@@ -127,6 +133,21 @@ impl<I: Iptables> IptablesProxier<I> {
     /// Enables the UDP stale-conntrack cleanup after syncs (see [`crate::conntrack`]).
     pub fn with_conntrack(mut self, ops: Box<dyn ConntrackOps + Send>) -> Self {
         self.conntrack = Some(ops);
+        self
+    }
+
+    /// Starts every full-sync payload with `-Z` in each table (off by default).
+    ///
+    /// `iptables-nft-restore` 1.8.x keeps a name-sorted linked list of every chain a restore
+    /// names, so a restore costs commands × chains string compares: about 7 s at 1,000
+    /// Services × 10 endpoints and over 3 minutes at 5,000. A command without a chain first
+    /// turns that list off; `-Z` (zero counters) is the harmless one. With it, a full sync
+    /// loads 5,000 Services in about 6–10 s and 10,000 in about 23 s. The rules written are
+    /// unchanged; the packet and byte counters of every rule in the filter and nat tables,
+    /// ours and other software's, are reset at each full sync (start-up, hourly, after a
+    /// failure). Partial syncs are not affected.
+    pub fn with_zero_counters_on_full_sync(mut self, on: bool) -> Self {
+        self.zero_counters_on_full_sync = on;
         self
     }
 
@@ -200,12 +221,58 @@ impl<I: Iptables> IptablesProxier<I> {
         }
     }
 
+    /// What a full sync needs from the kernel: chain names and the rules of the built-in
+    /// chains (see [`kernel_table_for_sync`]).
     fn read_kernel(&self) -> Result<KernelTables, ProxierError> {
+        let read = |table: Table| -> Result<KernelTable, ProxierError> {
+            let text = self.ipt.save(Some(table))?;
+            kernel_table_for_sync(&text, table)
+        };
         Ok(KernelTables {
-            filter: read_table(&self.ipt, Table::Filter)?,
-            nat: read_table(&self.ipt, Table::Nat)?,
+            filter: read(Table::Filter)?,
+            nat: read(Table::Nat)?,
         })
     }
+}
+
+/// Built-in chains of the filter and nat tables: the only chains whose rules a full sync
+/// looks at (for the jump rules into ours).
+fn is_builtin_chain(chain: &str) -> bool {
+    matches!(
+        chain,
+        "PREROUTING" | "INPUT" | "FORWARD" | "OUTPUT" | "POSTROUTING"
+    )
+}
+
+/// Like [`kernel_table`], for a full sync: every chain name, but only the rules of the
+/// built-in chains (what [`reconcile::full_payload`] compares jump rules against). The rules
+/// of other chains, 400k lines at 10,000 Services, are skipped without parsing; the
+/// remaining text goes through the same typed parser.
+///
+/// # Errors
+/// [`ProxierError::ReadState`] when the text does not parse.
+pub fn kernel_table_for_sync(text: &str, table: Table) -> Result<KernelTable, ProxierError> {
+    let mut reduced = String::with_capacity(4096);
+    let mut chains = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("-A ") {
+            let chain = rest.split(' ').next().unwrap_or_default();
+            if !is_builtin_chain(chain) {
+                continue;
+            }
+        } else if let Some(rest) = line.strip_prefix(':') {
+            let chain = rest.split(' ').next().unwrap_or_default();
+            if !is_builtin_chain(chain) {
+                chains.insert(chain.to_string());
+                continue;
+            }
+        }
+        reduced.push_str(line);
+        reduced.push('\n');
+    }
+    let mut out = kernel_table(&reduced, table)?;
+    out.chains.append(&mut chains);
+    Ok(out)
 }
 
 /// Reads one table with `iptables-save -t TABLE` into a [`KernelTable`].
@@ -288,23 +355,37 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
         let full = self.needs_full || changes.full_resync_needed;
         // Until this sync succeeds, the next one must be full.
         self.needs_full = true;
+        // A full sync reads the kernel first, so that the iptables-save text is freed before
+        // the ruleset is rendered (the two are the largest allocations of a sync).
+        let t1 = Instant::now();
+        let kernel = if full {
+            Some(self.read_kernel()?)
+        } else {
+            None
+        };
+        let read_time = t1.elapsed();
         let t0 = Instant::now();
         let cfg = self.render_config(snap)?;
-        let rendered = render::render(
+        let mut rendered = render::render_cached(
             snap,
             &cfg,
             if full { None } else { Some(&changes.services) },
+            &mut self.cache,
         );
         let render_time = t0.elapsed();
         let t1 = Instant::now();
-        let (payload, stale) = if full {
-            let kernel = self.read_kernel()?;
-            reconcile::full_payload(&rendered, Some(&kernel), cfg.kube_firewall)
-        } else {
-            reconcile::partial_payload(&rendered, &self.previous_chains)
+        let (payload, stale) = match &kernel {
+            Some(kernel) => reconcile::full_payload_take_with(
+                &mut rendered,
+                Some(kernel),
+                cfg.kube_firewall,
+                self.zero_counters_on_full_sync,
+            ),
+            None => reconcile::partial_payload(&rendered, &self.previous_chains),
         };
+        drop(kernel);
         self.ipt.restore(payload.as_bytes())?;
-        let apply_time = t1.elapsed();
+        let apply_time = t1.elapsed() + read_time;
         self.needs_full = false;
         self.previous_chains = rendered.active_nat_chains;
         let conntrack_deleted = self.cleanup_conntrack(snap, changes, full);

@@ -18,16 +18,22 @@
 //!   endpoints for a Local policy); `KUBE-FORWARD`: INVALID drop and mark/established accepts;
 //!   `KUBE-FIREWALL`: the localnet drop guarding localhost NodePorts.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::{self, Write as _};
-use std::net::IpAddr;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::net::{IpAddr, Ipv4Addr};
 
-use kp_model::{IpFamily, NamespacedName, ServicePortInfo, SessionAffinity, Snapshot};
+use kp_model::{
+    Endpoint, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, SessionAffinity, Snapshot,
+};
 use kp_track::categorize;
 
+#[cfg(test)]
+use super::names::ServiceChains;
 use super::names::{
-    KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
-    KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES, ServiceChains, endpoint_chain,
+    ChainName, KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
+    KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES, ServiceNames, endpoint_hash,
+    service_hash,
 };
 use crate::local::LocalMatch;
 
@@ -102,6 +108,117 @@ pub struct TableRules {
     pub rule_count: usize,
 }
 
+/// A fast, non-cryptographic hasher for sets of chain names and cache keys (the FxHash
+/// mixing step: chain names are our own hashes, so flooding is not a concern, and SipHash
+/// showed up in profiles of 100k-chain renders).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FastHasher(u64);
+
+impl Hasher for FastHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(c);
+            self.0 = (self.0.rotate_left(5) ^ u64::from_le_bytes(w)).wrapping_mul(K);
+        }
+        for b in chunks.remainder() {
+            self.0 = (self.0.rotate_left(5) ^ u64::from(*b)).wrapping_mul(K);
+        }
+    }
+
+    fn write_u8(&mut self, i: u8) {
+        self.write_u64(u64::from(i));
+    }
+
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// The build-hasher of [`FastHasher`].
+pub type FastBuild = BuildHasherDefault<FastHasher>;
+
+/// A set of chain names, held inline ([`ChainName`]: no allocation per name).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ChainSet {
+    inner: HashSet<ChainName, FastBuild>,
+}
+
+impl ChainSet {
+    /// Adds a name.
+    pub fn insert_name(&mut self, name: ChainName) -> bool {
+        self.inner.insert(name)
+    }
+
+    /// Adds a name given as text (at most 28 bytes, the iptables limit; longer text is cut).
+    pub fn insert(&mut self, name: &str) -> bool {
+        self.inner.insert(ChainName::from_text(name))
+    }
+
+    /// Whether `name` is in the set.
+    pub fn contains(&self, name: &str) -> bool {
+        name.len() <= 28 && self.inner.contains(&ChainName::from_text(name))
+    }
+
+    /// Names in the set.
+    pub fn len(&self) -> usize {
+        self.inner.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.inner.is_empty()
+    }
+
+    /// Reserves room for `n` more names.
+    pub fn reserve(&mut self, n: usize) {
+        self.inner.reserve(n);
+    }
+
+    /// The names, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.inner.iter().map(ChainName::as_str)
+    }
+}
+
+impl fmt::Debug for ChainSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut names: Vec<&str> = self.iter().collect();
+        names.sort_unstable();
+        f.debug_set().entries(names).finish()
+    }
+}
+
+impl FromIterator<String> for ChainSet {
+    fn from_iter<T: IntoIterator<Item = String>>(iter: T) -> Self {
+        let mut set = ChainSet::default();
+        for name in iter {
+            set.insert(&name);
+        }
+        set
+    }
+}
+
+impl<'a> FromIterator<&'a str> for ChainSet {
+    fn from_iter<T: IntoIterator<Item = &'a str>>(iter: T) -> Self {
+        let mut set = ChainSet::default();
+        for name in iter {
+            set.insert(name);
+        }
+        set
+    }
+}
+
 /// A rendered ruleset.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rendered {
@@ -111,7 +228,7 @@ pub struct Rendered {
     pub nat: TableRules,
     /// Every per-Service and per-endpoint nat chain the ruleset uses, whether written in this
     /// render or skipped as unchanged; anything else with a service-chain prefix is stale.
-    pub active_nat_chains: HashSet<String>,
+    pub active_nat_chains: ChainSet,
     /// nat rules that would exist in the kernel after applying (written + skipped).
     pub nat_rules_total: usize,
     /// Services rendered (ServicePortNames).
@@ -120,6 +237,172 @@ pub struct Rendered {
     pub endpoints: usize,
     /// Whether per-endpoint comments were left out (large cluster mode).
     pub large_cluster: bool,
+}
+
+/// What a proxier keeps between renders so that unchanged Services cost little: the chain
+/// hashes of every ServicePortName and endpoint (SHA-256 per name is most of a cold render),
+/// and, per ServicePortName, which chains its last render used and how many nat rules they
+/// hold, so a partial render can skip unchanged Services without categorizing or hashing
+/// them again.
+///
+/// Names are a pure function of the ServicePortName and the endpoint, so they never go
+/// stale; the per-Service results are dropped when the render settings or the node's
+/// topology (labels, addresses) change.
+#[derive(Debug, Default)]
+pub struct RenderCache {
+    services: HashMap<ServicePortName, CachedService, FastBuild>,
+    key: Option<CacheKey>,
+}
+
+impl RenderCache {
+    /// An empty cache (a cold render).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// ServicePortNames held.
+    pub fn len(&self) -> usize {
+        self.services.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.services.is_empty()
+    }
+}
+
+/// What the per-Service results depend on besides the Service itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct CacheKey {
+    cfg: RenderConfig,
+    family: IpFamily,
+    node_name: String,
+    node_labels: BTreeMap<String, String>,
+    node_ips: Vec<IpAddr>,
+}
+
+#[derive(Debug, Default)]
+struct CachedService {
+    hash: [u8; 16],
+    /// Endpoint hashes, in the order of the last render's reachable endpoints.
+    seps: Vec<(IpAddr, u16, [u8; 16])>,
+    /// Chains of the last render: bit 0 SVC, 1 SVL, 2 EXT, 3 FW; bit 7: `nat_rules` and the
+    /// bits are valid (every endpoint in `seps` has a chain).
+    flags: u8,
+    /// nat rules in this Service's own chains at the last render.
+    nat_rules: usize,
+}
+
+const USES_SVC: u8 = 1;
+const USES_SVL: u8 = 2;
+const USES_EXT: u8 = 4;
+const USES_FW: u8 = 8;
+const VALID: u8 = 0x80;
+
+impl CachedService {
+    fn fresh(spn: &ServicePortName) -> Self {
+        CachedService {
+            hash: service_hash(spn),
+            ..CachedService::default()
+        }
+    }
+
+    /// The endpoint hash of `ep`, from the last render when it had it.
+    fn sep_hash(&self, spn: &ServicePortName, ep: &Endpoint, hint: usize) -> [u8; 16] {
+        if let Some((ip, port, h)) = self.seps.get(hint)
+            && *ip == ep.ip
+            && *port == ep.port
+        {
+            return *h;
+        }
+        if self.seps.len() <= 32
+            && let Some((_, _, h)) = self
+                .seps
+                .iter()
+                .find(|(ip, port, _)| *ip == ep.ip && *port == ep.port)
+        {
+            return *h;
+        }
+        endpoint_hash(spn, ep.ip, ep.port)
+    }
+}
+
+/// Appends `n` in decimal.
+fn push_u32(out: &mut String, mut n: u32) {
+    let mut buf = [0u8; 10];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for b in &buf[i..] {
+        out.push(char::from(*b));
+    }
+}
+
+fn push_ipv4(out: &mut String, ip: Ipv4Addr) {
+    out.reserve(15);
+    for (i, o) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        if o >= 100 {
+            out.push(char::from(b'0' + o / 100));
+            out.push(char::from(b'0' + (o / 10) % 10));
+        } else if o >= 10 {
+            out.push(char::from(b'0' + o / 10));
+        }
+        out.push(char::from(b'0' + o % 10));
+    }
+}
+
+/// Appends `ip` as iptables-save prints an address (`10.0.0.1`, `fd00::1`).
+fn push_ip(out: &mut String, ip: IpAddr) {
+    match ip {
+        IpAddr::V4(v4) => push_ipv4(out, v4),
+        IpAddr::V6(v6) => {
+            let _ = write!(out, "{v6}");
+        }
+    }
+}
+
+/// Appends `ip/32` or `ip/128`.
+fn push_host(out: &mut String, ip: IpAddr) {
+    push_ip(out, ip);
+    out.push_str(if ip.is_ipv4() { "/32" } else { "/128" });
+}
+
+/// Appends `ip:port` (`[ip]:port` for IPv6), as `Endpoint` prints.
+fn push_endpoint(out: &mut String, ep: &Endpoint) {
+    match ep.ip {
+        IpAddr::V4(v4) => {
+            push_ipv4(out, v4);
+            out.push(':');
+            push_u32(out, u32::from(ep.port));
+        }
+        IpAddr::V6(_) => {
+            out.push('[');
+            push_ip(out, ep.ip);
+            out.push(']');
+            out.push(':');
+            push_u32(out, u32::from(ep.port));
+        }
+    }
+}
+
+/// Appends `ns/name[:port]`, as `ServicePortName` prints.
+fn push_spn(out: &mut String, spn: &ServicePortName) {
+    out.push_str(&spn.service.namespace);
+    out.push('/');
+    out.push_str(&spn.service.name);
+    if !spn.port.is_empty() {
+        out.push(':');
+        out.push_str(&spn.port);
+    }
 }
 
 /// A line under construction; writing arguments in canonical order is the caller's job.
@@ -134,8 +417,37 @@ impl<'a> Line<'a> {
         Line { out }
     }
 
+    /// ` s` (a literal argument).
+    fn s(self, s: &str) -> Self {
+        self.out.rules.push(' ');
+        self.out.rules.push_str(s);
+        self
+    }
+
     fn arg(self, s: impl fmt::Display) -> Self {
         let _ = write!(self.out.rules, " {s}");
+        self
+    }
+
+    /// ` -d IP/32 -p PROTO` (or without `-d` when `ip` is `None`).
+    fn dst_proto(self, ip: Option<IpAddr>, proto: &str) -> Self {
+        let r = &mut self.out.rules;
+        if let Some(ip) = ip {
+            r.push_str(" -d ");
+            push_host(r, ip);
+        }
+        r.push_str(" -p ");
+        r.push_str(proto);
+        self
+    }
+
+    /// ` -m PROTO --dport PORT`.
+    fn dport(self, proto: &str, port: u16) -> Self {
+        let r = &mut self.out.rules;
+        r.push_str(" -m ");
+        r.push_str(proto);
+        r.push_str(" --dport ");
+        push_u32(r, u32::from(port));
         self
     }
 
@@ -144,12 +456,49 @@ impl<'a> Line<'a> {
         self
     }
 
-    fn comment_if(self, on: bool, c: impl fmt::Display) -> Self {
-        if on { self.comment(c) } else { self }
+    /// ` -m comment --comment "TEXT"` for a plain string.
+    fn comment_str(self, c: &str) -> Self {
+        let r = &mut self.out.rules;
+        r.push_str(" -m comment --comment \"");
+        r.push_str(c);
+        r.push('"');
+        self
+    }
+
+    /// ` -m comment --comment "<spn><suffix>"` (`spn` already printed).
+    fn comment_spn(self, spn: &str, suffix: &str) -> Self {
+        let r = &mut self.out.rules;
+        r.push_str(" -m comment --comment \"");
+        r.push_str(spn);
+        r.push_str(suffix);
+        r.push('"');
+        self
+    }
+
+    /// The per-endpoint comment `"<spn> -> <ep>"`, when comments are on.
+    fn ep_comment(self, on: bool, spn: &str, ep: &Endpoint) -> Self {
+        if on {
+            let r = &mut self.out.rules;
+            r.push_str(" -m comment --comment \"");
+            r.push_str(spn);
+            r.push_str(" -> ");
+            push_endpoint(r, ep);
+            r.push('"');
+        }
+        self
     }
 
     fn end(self, target: impl fmt::Display) {
         let _ = writeln!(self.out.rules, " -j {target}");
+        self.out.rule_count += 1;
+    }
+
+    /// ` -j TARGET` for a plain string, and the newline.
+    fn end_str(self, target: &str) {
+        let r = &mut self.out.rules;
+        r.push_str(" -j ");
+        r.push_str(target);
+        r.push('\n');
         self.out.rule_count += 1;
     }
 }
@@ -179,6 +528,9 @@ struct Ctx<'a> {
     reject: &'static str,
     loopback: &'static str,
     comments: bool,
+    /// ` ! -s CIDR` (or empty) and ` ! -i IF` (or empty) of the SVC masquerade rule.
+    masq_src: String,
+    masq_iface: String,
 }
 
 impl Ctx<'_> {
@@ -211,6 +563,47 @@ impl Ctx<'_> {
     }
 }
 
+/// Scratch space reused across Services within one render.
+#[derive(Default)]
+struct Scratch {
+    /// `ns/name[:port]` of the Service being written.
+    spn: String,
+    /// `-m statistic` probabilities per endpoint count (`probs[n][i]`).
+    probs: HashMap<usize, Vec<String>, FastBuild>,
+    /// Per-endpoint chain names of the Service being written (its reachable endpoints).
+    seps: Vec<ChainName>,
+    /// The same names as text (buffers reused from Service to Service).
+    sep_text: Vec<String>,
+    /// Rules of skipped Services rendered only to learn their chains (cold cache).
+    discard: TableRules,
+}
+
+impl Scratch {
+    fn probabilities(&mut self, n: usize) -> &[String] {
+        self.probs.entry(n).or_insert_with(|| {
+            (0..n.saturating_sub(1))
+                .map(|i| probability(n, i))
+                .collect()
+        })
+    }
+}
+
+/// Every Service of `snap` with its endpoints, walking the two maps (same key order) side by
+/// side instead of looking each Service up in the endpoint map.
+fn with_endpoints(
+    snap: &Snapshot,
+) -> impl Iterator<Item = (&ServicePortName, &ServicePortInfo, &[Endpoint])> {
+    let mut eps = snap.endpoints.iter().peekable();
+    snap.services.iter().map(move |(spn, svc)| {
+        while eps.next_if(|(k, _)| *k < spn).is_some() {}
+        let endpoints: &[Endpoint] = match eps.peek() {
+            Some((k, e)) if *k == spn => e,
+            _ => &[],
+        };
+        (spn, svc.as_ref(), endpoints)
+    })
+}
+
 /// Renders `snap`. Per-Service nat chains are written for every Service when `only` is
 /// `None` (a full sync), else only for the Services in `only` (a partial sync); the fixed
 /// chains and the filter table are always written in full.
@@ -219,12 +612,39 @@ pub fn render(
     cfg: &RenderConfig,
     only: Option<&BTreeSet<NamespacedName>>,
 ) -> Rendered {
-    let total_endpoints: usize = snap
-        .services
-        .keys()
-        .map(|spn| snap.endpoints_of(spn).len())
-        .sum();
+    render_cached(snap, cfg, only, &mut RenderCache::new())
+}
+
+/// [`render`] with a [`RenderCache`] kept across renders: the output is the same, but chain
+/// names come from the cache and, in a partial render, unchanged Services (those not in
+/// `only`, which the caller guarantees are as they were at the previous render with this
+/// cache) are not categorized or hashed again.
+pub fn render_cached(
+    snap: &Snapshot,
+    cfg: &RenderConfig,
+    only: Option<&BTreeSet<NamespacedName>>,
+    cache: &mut RenderCache,
+) -> Rendered {
+    let key = CacheKey {
+        cfg: cfg.clone(),
+        family: snap.family,
+        node_name: snap.node_name.clone(),
+        node_labels: snap.node_labels.clone(),
+        node_ips: snap.node_ips.clone(),
+    };
+    if cache.key.as_ref() != Some(&key) {
+        for c in cache.services.values_mut() {
+            c.flags = 0;
+        }
+        cache.key = Some(key);
+    }
+    let total_endpoints: usize = with_endpoints(snap).map(|(_, _, e)| e.len()).sum();
     let large_cluster = total_endpoints > LARGE_CLUSTER_ENDPOINTS;
+    let (masq_src, masq_iface) = match &cfg.local {
+        Some(LocalMatch::Source(net)) => (format!(" ! -s {net}"), String::new()),
+        Some(LocalMatch::Interface(name)) => (String::new(), format!(" ! -i {name}")),
+        None => (String::new(), String::new()),
+    };
     let ctx = Ctx {
         cfg,
         family: snap.family,
@@ -238,6 +658,8 @@ pub fn render(
             IpFamily::V6 => "::1/128",
         },
         comments: !large_cluster,
+        masq_src,
+        masq_iface,
     };
     let mut out = Rendered {
         service_ports: snap.services.len(),
@@ -256,10 +678,28 @@ pub fn render(
         chains: NAT_CHAINS.iter().map(|c| c.to_string()).collect(),
         ..TableRules::default()
     };
+    // Size the buffers for what is written (untouched capacity costs no memory).
+    let written = match only {
+        None => snap.services.len(),
+        Some(set) => set.len(),
+    };
+    let per_ep = if ctx.comments { 420 } else { 240 };
+    let avg_eps = total_endpoints / snap.services.len().max(1) + 1;
+    nat.rules.reserve(snap.services.len() * 240 + 1024);
+    out.active_nat_chains
+        .reserve(snap.services.len() + total_endpoints);
     // Per-Service chains go to a separate buffer so that KUBE-SERVICES lines come first,
     // then the chains in Service order (easier to read, like upstream's output).
     let mut svc_nat = TableRules::default();
-    let mut skipped = TableRules::default();
+    svc_nat.rules.reserve(
+        written.min(snap.services.len()) * (300 + per_ep * avg_eps) + snap.services.len() * 240,
+    );
+    if only.is_none() {
+        svc_nat
+            .chains
+            .reserve(snap.services.len() + total_endpoints);
+    }
+    let mut scratch = Scratch::default();
 
     write_fixed_nat(&ctx, &mut nat);
     if cfg.kube_firewall && cfg.localhost_nodeports {
@@ -270,18 +710,54 @@ pub fn render(
             .end("DROP");
     }
 
-    for (spn, svc) in &snap.services {
+    let mut skipped_rules = 0;
+    for (spn, svc, endpoints) in with_endpoints(snap) {
         let write = only.is_none_or(|set| set.contains(&spn.service));
-        let chains_out = if write { &mut svc_nat } else { &mut skipped };
-        write_service(
-            &ctx,
-            snap,
-            svc,
-            &mut nat,
-            &mut filter,
-            chains_out,
-            &mut out.active_nat_chains,
-        );
+        if !cache.services.contains_key(spn) {
+            cache
+                .services
+                .insert(spn.clone(), CachedService::fresh(spn));
+        }
+        let Some(entry) = cache.services.get_mut(spn) else {
+            continue;
+        };
+        if write {
+            write_service(
+                &ctx,
+                snap,
+                svc,
+                endpoints,
+                entry,
+                &mut scratch,
+                &mut nat,
+                &mut filter,
+                &mut svc_nat,
+                &mut out.active_nat_chains,
+            );
+        } else {
+            skipped_rules += skip_service(
+                &ctx,
+                snap,
+                svc,
+                endpoints,
+                entry,
+                &mut scratch,
+                &mut nat,
+                &mut filter,
+                &mut out.active_nat_chains,
+            );
+        }
+    }
+    // Forget Services that are gone.
+    match only {
+        None => {
+            if cache.services.len() > snap.services.len() {
+                cache.services.retain(|k, _| snap.services.contains_key(k));
+            }
+        }
+        Some(set) => cache
+            .services
+            .retain(|k, _| !set.contains(&k.service) || snap.services.contains_key(k)),
     }
 
     // The NodePort jump must be the last rule of KUBE-SERVICES.
@@ -323,10 +799,14 @@ pub fn render(
         .arg("-m conntrack --ctstate RELATED,ESTABLISHED")
         .end("ACCEPT");
 
-    nat.chains.extend(svc_nat.chains);
-    nat.rules.push_str(&svc_nat.rules);
+    nat.chains.append(&mut svc_nat.chains);
+    // The per-Service chains are most of the text: move the entry rules in front of them
+    // within their buffer rather than copying them into a second one.
+    let mut rules = std::mem::take(&mut svc_nat.rules);
+    rules.insert_str(0, &nat.rules);
+    nat.rules = rules;
     nat.rule_count += svc_nat.rule_count;
-    out.nat_rules_total = nat.rule_count + skipped.rule_count;
+    out.nat_rules_total = nat.rule_count + skipped_rules;
     out.filter = filter;
     out.nat = nat;
     out
@@ -348,176 +828,314 @@ fn write_fixed_nat(ctx: &Ctx<'_>, nat: &mut TableRules) {
     Line::new(nat, KUBE_MARK_MASQ).end(format_args!("MARK --set-xmark {m}/{m}"));
 }
 
+/// A Service skipped by a partial render: its KUBE-SERVICES, KUBE-NODEPORTS and filter rules
+/// are still written; its own chains are only counted (from the cache when it knows them,
+/// else by rendering them into a discarded buffer). Returns the nat rules its chains hold.
 #[allow(clippy::too_many_arguments)]
-fn write_service(
+fn skip_service(
     ctx: &Ctx<'_>,
     snap: &Snapshot,
     svc: &ServicePortInfo,
+    endpoints: &[Endpoint],
+    entry: &mut CachedService,
+    scratch: &mut Scratch,
     nat: &mut TableRules,
     filter: &mut TableRules,
-    chains_out: &mut TableRules,
-    active: &mut HashSet<String>,
+    active: &mut ChainSet,
+) -> usize {
+    if entry.flags & VALID == 0 {
+        let mut discard = std::mem::take(&mut scratch.discard);
+        discard.rules.clear();
+        discard.chains.clear();
+        discard.rule_count = 0;
+        write_service(
+            ctx,
+            snap,
+            svc,
+            endpoints,
+            entry,
+            scratch,
+            nat,
+            filter,
+            &mut discard,
+            active,
+        );
+        let n = discard.rule_count;
+        scratch.discard = discard;
+        return n;
+    }
+    // The entry-point rules depend on the endpoints only through "has any" / "has local";
+    // the cached chain bits tell which chains exist, and we re-derive the rest.
+    write_service_entry_rules(ctx, snap, svc, endpoints, entry, scratch, nat, filter);
+    let names = ServiceNames::from_hash(&entry.hash);
+    for (bit, name) in [
+        (USES_EXT, names.ext),
+        (USES_FW, names.fw),
+        (USES_SVC, names.svc),
+        (USES_SVL, names.svl),
+    ] {
+        if entry.flags & bit != 0 {
+            active.insert_name(name);
+        }
+    }
+    for (_, _, h) in &entry.seps {
+        active.insert_name(ChainName::new("KUBE-SEP-", h));
+    }
+    entry.nat_rules
+}
+
+/// The rules of a Service outside its own chains (KUBE-SERVICES, KUBE-NODEPORTS, filter),
+/// for a skipped Service whose chains are cached. Needs the categorization, which is cheap
+/// next to hashing; `write_service` writes the same lines for a written Service.
+#[allow(clippy::too_many_arguments)]
+fn write_service_entry_rules(
+    ctx: &Ctx<'_>,
+    snap: &Snapshot,
+    svc: &ServicePortInfo,
+    endpoints: &[Endpoint],
+    entry: &CachedService,
+    scratch: &mut Scratch,
+    nat: &mut TableRules,
+    filter: &mut TableRules,
 ) {
-    let spn = &svc.name;
-    let proto = spn.protocol.as_lower();
-    let names = ServiceChains::new(spn);
-    let eps = categorize(
-        svc,
-        snap.endpoints_of(spn),
-        &snap.node_name,
-        &snap.node_labels,
-    );
+    let eps = categorize(svc, endpoints, &snap.node_name, &snap.node_labels);
+    let names = ServiceNames::from_hash(&entry.hash);
+    let facts = ServiceFacts::new(svc, eps.has_any, !eps.local.is_empty());
+    scratch.spn.clear();
+    push_spn(&mut scratch.spn, &svc.name);
+    write_entry_rules(ctx, snap, svc, &names, &facts, &scratch.spn, nat, filter);
+}
 
-    let uses_cluster_chain = !eps.cluster.is_empty() && svc.uses_cluster_endpoints();
-    let uses_local_chain = !eps.local.is_empty() && svc.uses_local_endpoints();
+/// What decides a Service's entry rules and chains, from its categorized endpoints.
+struct ServiceFacts {
+    has_any: bool,
+    has_internal: bool,
+    has_external: bool,
+    internal_svl: bool,
+    external_svl: bool,
+    uses_ext_chain: bool,
+    uses_fw_chain: bool,
+}
 
-    let mut internal_chain = names.svc.as_str();
-    let mut has_internal = eps.has_any;
-    if svc.internal_policy_local {
-        internal_chain = names.svl.as_str();
-        has_internal &= !eps.local.is_empty();
+impl ServiceFacts {
+    fn new(svc: &ServicePortInfo, has_any: bool, has_local: bool) -> Self {
+        let mut has_internal = has_any;
+        if svc.internal_policy_local {
+            has_internal &= has_local;
+        }
+        let mut has_external = has_any;
+        if svc.external_policy_local {
+            has_external &= has_local;
+        }
+        ServiceFacts {
+            has_any,
+            has_internal,
+            has_external,
+            internal_svl: svc.internal_policy_local,
+            external_svl: svc.external_policy_local,
+            uses_ext_chain: has_any && svc.externally_accessible(),
+            uses_fw_chain: has_any
+                && !svc.load_balancer_vips.is_empty()
+                && !svc.load_balancer_source_ranges.is_empty(),
+        }
     }
-    let mut external_policy_chain = names.svc.as_str();
-    let mut has_external = eps.has_any;
-    if svc.external_policy_local {
-        external_policy_chain = names.svl.as_str();
-        has_external &= !eps.local.is_empty();
-    }
-    let uses_ext_chain = eps.has_any && svc.externally_accessible();
-    let uses_fw_chain = eps.has_any
-        && !svc.load_balancer_vips.is_empty()
-        && !svc.load_balancer_source_ranges.is_empty();
-    let lb_chain = if uses_fw_chain {
-        names.fw.as_str()
+}
+
+/// KUBE-SERVICES, KUBE-NODEPORTS and filter-table rules of one Service.
+#[allow(clippy::too_many_arguments)]
+fn write_entry_rules(
+    ctx: &Ctx<'_>,
+    snap: &Snapshot,
+    svc: &ServicePortInfo,
+    names: &ServiceNames,
+    f: &ServiceFacts,
+    spn: &str,
+    nat: &mut TableRules,
+    filter: &mut TableRules,
+) {
+    let _ = snap;
+    let proto = svc.name.protocol.as_lower();
+    let internal_chain = if f.internal_svl {
+        &names.svl
     } else {
-        names.ext.as_str()
+        &names.svc
     };
-
-    // What filter rules say when traffic has nowhere to go.
-    let (internal_filter, external_filter, filter_comment) = if !eps.has_any {
-        (ctx.reject, ctx.reject, format!("{spn} has no endpoints"))
+    let lb_chain = if f.uses_fw_chain {
+        &names.fw
     } else {
-        ("DROP", "DROP", format!("{spn} has no local endpoints"))
+        &names.ext
+    };
+    // What filter rules say when traffic has nowhere to go.
+    let (internal_filter, external_filter, filter_suffix) = if !f.has_any {
+        (ctx.reject, ctx.reject, " has no endpoints")
+    } else {
+        ("DROP", "DROP", " has no local endpoints")
     };
 
     // ClusterIP.
-    let cip = Host(svc.cluster_ip);
-    if has_internal {
+    if f.has_internal {
         Line::new(nat, KUBE_SERVICES)
-            .arg(format_args!("-d {cip} -p {proto}"))
-            .comment(format_args!("{spn} cluster IP"))
-            .arg(format_args!("-m {proto} --dport {}", svc.port))
-            .end(internal_chain);
+            .dst_proto(Some(svc.cluster_ip), proto)
+            .comment_spn(spn, " cluster IP")
+            .dport(proto, svc.port)
+            .end_str(internal_chain);
     } else {
         Line::new(filter, KUBE_SERVICES)
-            .arg(format_args!("-d {cip} -p {proto}"))
-            .comment(&filter_comment)
-            .arg(format_args!("-m {proto} --dport {}", svc.port))
-            .end(internal_filter);
+            .dst_proto(Some(svc.cluster_ip), proto)
+            .comment_spn(spn, filter_suffix)
+            .dport(proto, svc.port)
+            .end_str(internal_filter);
     }
 
     // External IPs.
     for ip in &svc.external_ips {
-        if eps.has_any {
+        if f.has_any {
             Line::new(nat, KUBE_SERVICES)
-                .arg(format_args!("-d {} -p {proto}", Host(*ip)))
-                .comment(format_args!("{spn} external IP"))
-                .arg(format_args!("-m {proto} --dport {}", svc.port))
-                .end(&names.ext);
+                .dst_proto(Some(*ip), proto)
+                .comment_spn(spn, " external IP")
+                .dport(proto, svc.port)
+                .end_str(&names.ext);
         }
-        if !has_external {
+        if !f.has_external {
             Line::new(filter, KUBE_EXTERNAL_SERVICES)
-                .arg(format_args!("-d {} -p {proto}", Host(*ip)))
-                .comment(&filter_comment)
-                .arg(format_args!("-m {proto} --dport {}", svc.port))
-                .end(external_filter);
+                .dst_proto(Some(*ip), proto)
+                .comment_spn(spn, filter_suffix)
+                .dport(proto, svc.port)
+                .end_str(external_filter);
         }
     }
 
     // Load-balancer IPs.
     for ip in &svc.load_balancer_vips {
-        if eps.has_any {
+        if f.has_any {
             Line::new(nat, KUBE_SERVICES)
-                .arg(format_args!("-d {} -p {proto}", Host(*ip)))
-                .comment(format_args!("{spn} loadbalancer IP"))
-                .arg(format_args!("-m {proto} --dport {}", svc.port))
-                .end(lb_chain);
+                .dst_proto(Some(*ip), proto)
+                .comment_spn(spn, " loadbalancer IP")
+                .dport(proto, svc.port)
+                .end_str(lb_chain);
         }
-        if uses_fw_chain {
+        if f.uses_fw_chain {
             Line::new(filter, KUBE_PROXY_FIREWALL)
-                .arg(format_args!("-d {} -p {proto}", Host(*ip)))
+                .dst_proto(Some(*ip), proto)
                 .comment(format_args!("{spn} traffic not accepted by {}", names.fw))
-                .arg(format_args!("-m {proto} --dport {}", svc.port))
-                .end("DROP");
+                .dport(proto, svc.port)
+                .end_str("DROP");
         }
     }
-    if !has_external {
+    if !f.has_external {
         for ip in &svc.load_balancer_vips {
             Line::new(filter, KUBE_EXTERNAL_SERVICES)
-                .arg(format_args!("-d {} -p {proto}", Host(*ip)))
-                .comment(&filter_comment)
-                .arg(format_args!("-m {proto} --dport {}", svc.port))
-                .end(external_filter);
+                .dst_proto(Some(*ip), proto)
+                .comment_spn(spn, filter_suffix)
+                .dport(proto, svc.port)
+                .end_str(external_filter);
         }
     }
 
     // NodePort.
     if let Some(node_port) = svc.node_port {
-        if eps.has_any {
+        if f.has_any {
             Line::new(nat, KUBE_NODEPORTS)
-                .arg(format_args!("-p {proto}"))
-                .comment(spn)
-                .arg(format_args!("-m {proto} --dport {node_port}"))
-                .end(&names.ext);
+                .dst_proto(None, proto)
+                .comment_str(spn)
+                .dport(proto, node_port)
+                .end_str(&names.ext);
         }
-        if !has_external {
+        if !f.has_external {
             Line::new(filter, KUBE_EXTERNAL_SERVICES)
-                .arg(format_args!("-p {proto}"))
-                .comment(&filter_comment)
-                .arg(format_args!(
-                    "-m addrtype --dst-type LOCAL -m {proto} --dport {node_port}"
-                ))
-                .end(external_filter);
+                .dst_proto(None, proto)
+                .comment_spn(spn, filter_suffix)
+                .s("-m addrtype --dst-type LOCAL")
+                .dport(proto, node_port)
+                .end_str(external_filter);
         }
     }
 
     // Health check NodePort.
     if let Some(hc) = svc.health_check_node_port {
         Line::new(filter, KUBE_NODEPORTS)
-            .arg("-p tcp")
-            .comment(format_args!("{spn} health check node port"))
-            .arg(format_args!("-m tcp --dport {hc}"))
-            .end("ACCEPT");
+            .s("-p tcp")
+            .comment_spn(spn, " health check node port")
+            .dport("tcp", hc)
+            .end_str("ACCEPT");
     }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn write_service(
+    ctx: &Ctx<'_>,
+    snap: &Snapshot,
+    svc: &ServicePortInfo,
+    endpoints: &[Endpoint],
+    entry: &mut CachedService,
+    scratch: &mut Scratch,
+    nat: &mut TableRules,
+    filter: &mut TableRules,
+    chains_out: &mut TableRules,
+    active: &mut ChainSet,
+) {
+    let spn = &svc.name;
+    let proto = spn.protocol.as_lower();
+    let names = ServiceNames::from_hash(&entry.hash);
+    let eps = categorize(svc, endpoints, &snap.node_name, &snap.node_labels);
+    let f = ServiceFacts::new(svc, eps.has_any, !eps.local.is_empty());
+    let uses_cluster_chain = !eps.cluster.is_empty() && svc.uses_cluster_endpoints();
+    let uses_local_chain = !eps.local.is_empty() && svc.uses_local_endpoints();
+    let internal_chain = if f.internal_svl {
+        &names.svl
+    } else {
+        &names.svc
+    };
+    let external_policy_chain = if f.external_svl {
+        &names.svl
+    } else {
+        &names.svc
+    };
+
+    let mut spn_text = std::mem::take(&mut scratch.spn);
+    spn_text.clear();
+    push_spn(&mut spn_text, spn);
+    let spn_s = spn_text.as_str();
+    write_entry_rules(ctx, snap, svc, &names, &f, spn_s, nat, filter);
 
     // From here on: per-Service chains (skippable in partial syncs).
     let nat = chains_out;
-    if has_internal {
+    let rules_before = nat.rule_count;
+    let mut flags = VALID;
+    if f.has_internal {
         if ctx.cfg.masquerade_all {
             Line::new(nat, internal_chain)
-                .arg(format_args!("-d {cip} -p {proto}"))
-                .comment(format_args!("{spn} cluster IP"))
-                .arg(format_args!("-m {proto} --dport {}", svc.port))
-                .end(KUBE_MARK_MASQ);
+                .dst_proto(Some(svc.cluster_ip), proto)
+                .comment_spn(spn_s, " cluster IP")
+                .dport(proto, svc.port)
+                .end_str(KUBE_MARK_MASQ);
         } else if ctx.cfg.local.is_some() {
-            let _ = write!(nat.rules, "-A {internal_chain}{}", ctx.src_part(true));
-            let _ = write!(nat.rules, " -d {cip}{} -p {proto}", ctx.iface_part(true));
+            let r = &mut nat.rules;
+            r.push_str("-A ");
+            r.push_str(internal_chain);
+            r.push_str(&ctx.masq_src);
+            r.push_str(" -d ");
+            push_host(r, svc.cluster_ip);
+            r.push_str(&ctx.masq_iface);
+            r.push_str(" -p ");
+            r.push_str(proto);
             Line { out: nat }
-                .comment(format_args!("{spn} cluster IP"))
-                .arg(format_args!("-m {proto} --dport {}", svc.port))
-                .end(KUBE_MARK_MASQ);
+                .comment_spn(spn_s, " cluster IP")
+                .dport(proto, svc.port)
+                .end_str(KUBE_MARK_MASQ);
         }
     }
 
-    if uses_ext_chain {
-        nat.chains.push(names.ext.clone());
-        active.insert(names.ext.clone());
+    if f.uses_ext_chain {
+        flags |= USES_EXT;
+        nat.chains.push(names.ext.to_string());
+        active.insert_name(names.ext);
         if !svc.external_policy_local {
             Line::new(nat, &names.ext)
                 .comment(format_args!(
-                    "masquerade traffic for {spn} external destinations"
+                    "masquerade traffic for {spn_s} external destinations"
                 ))
-                .end(KUBE_MARK_MASQ);
+                .end_str(KUBE_MARK_MASQ);
         } else {
             if ctx.cfg.local.is_some() {
                 let _ = write!(
@@ -528,52 +1146,55 @@ fn write_service(
                     ctx.iface_part(false)
                 );
                 Line { out: nat }
-                    .comment(format_args!("pod traffic for {spn} external destinations"))
-                    .end(&names.svc);
+                    .comment(format_args!(
+                        "pod traffic for {spn_s} external destinations"
+                    ))
+                    .end_str(&names.svc);
             }
             Line::new(nat, &names.ext)
                 .comment(format_args!(
-                    "masquerade LOCAL traffic for {spn} external destinations"
+                    "masquerade LOCAL traffic for {spn_s} external destinations"
                 ))
-                .arg("-m addrtype --src-type LOCAL")
-                .end(KUBE_MARK_MASQ);
+                .s("-m addrtype --src-type LOCAL")
+                .end_str(KUBE_MARK_MASQ);
             Line::new(nat, &names.ext)
                 .comment(format_args!(
-                    "route LOCAL traffic for {spn} external destinations"
+                    "route LOCAL traffic for {spn_s} external destinations"
                 ))
-                .arg("-m addrtype --src-type LOCAL")
-                .end(&names.svc);
+                .s("-m addrtype --src-type LOCAL")
+                .end_str(&names.svc);
         }
-        if has_external {
-            Line::new(nat, &names.ext).end(external_policy_chain);
+        if f.has_external {
+            Line::new(nat, &names.ext).end_str(external_policy_chain);
         }
     }
 
-    if uses_fw_chain {
-        nat.chains.push(names.fw.clone());
-        active.insert(names.fw.clone());
-        let comment = format!("{spn} loadbalancer IP");
+    if f.uses_fw_chain {
+        flags |= USES_FW;
+        nat.chains.push(names.fw.to_string());
+        active.insert_name(names.fw);
+        let comment = format!("{spn_s} loadbalancer IP");
         let mut allow_from_node = false;
         for range in &svc.load_balancer_source_ranges {
             Line::new(nat, &names.fw)
                 .arg(format_args!("-s {range}"))
-                .comment(&comment)
-                .end(&names.ext);
+                .comment_str(&comment)
+                .end_str(&names.ext);
             allow_from_node |= snap.node_ips.iter().any(|ip| range.contains(ip));
         }
         if allow_from_node {
             for ip in &svc.load_balancer_vips {
                 Line::new(nat, &names.fw)
                     .arg(format_args!("-s {}", Host(*ip)))
-                    .comment(&comment)
-                    .end(&names.ext);
+                    .comment_str(&comment)
+                    .end_str(&names.ext);
             }
         }
         // The last rule only counts: it has no target, so nothing happens and the packet
         // falls through to the KUBE-PROXY-FIREWALL drop.
         let _ = writeln!(
             nat.rules,
-            "-A {} -m comment --comment \"other traffic to {spn} will be dropped by KUBE-PROXY-FIREWALL\"",
+            "-A {} -m comment --comment \"other traffic to {spn_s} will be dropped by KUBE-PROXY-FIREWALL\"",
             names.fw
         );
         nat.rule_count += 1;
@@ -583,79 +1204,144 @@ fn write_service(
         SessionAffinity::ClientIp { timeout_seconds } => Some(timeout_seconds),
         SessionAffinity::None => None,
     };
-    // Endpoint chain names, computed once per endpoint; the categorized lists borrow from the
-    // snapshot, so an endpoint is identified by its address in memory.
-    let sep_names: Vec<(&kp_model::Endpoint, String)> = eps
-        .all_reachable
-        .iter()
-        .map(|e| (*e, endpoint_chain(spn, e)))
-        .collect();
-    let sep_index: HashMap<usize, usize> = sep_names
-        .iter()
-        .enumerate()
-        .map(|(i, (e, _))| (*e as *const kp_model::Endpoint as usize, i))
-        .collect();
-    let sep_of = |e: &kp_model::Endpoint| -> &str {
-        sep_index
-            .get(&(e as *const kp_model::Endpoint as usize))
-            .map(|i| sep_names[*i].1.as_str())
-            .unwrap_or_default()
+    // Endpoint chain names, once per reachable endpoint (from the cache when it has them);
+    // `cluster` and `local` are subsequences of `all_reachable` in the same order, so a
+    // cursor finds each endpoint's name.
+    let mut new_seps = Vec::with_capacity(eps.all_reachable.len());
+    scratch.seps.clear();
+    let mut texts = std::mem::take(&mut scratch.sep_text);
+    if texts.len() < eps.all_reachable.len() {
+        texts.resize_with(eps.all_reachable.len(), || String::with_capacity(28));
+    }
+    for (i, ep) in eps.all_reachable.iter().enumerate() {
+        let h = entry.sep_hash(spn, ep, i);
+        new_seps.push((ep.ip, ep.port, h));
+        let name = ChainName::new("KUBE-SEP-", &h);
+        scratch.seps.push(name);
+        if let Some(t) = texts.get_mut(i) {
+            t.clear();
+            t.push_str(name.as_str());
+        }
+    }
+    entry.seps = new_seps;
+    let seps = std::mem::take(&mut scratch.seps);
+    let missing = String::new();
+    let sep_of = |cursor: &mut usize, ep: &Endpoint| -> &str {
+        while let Some(e) = eps.all_reachable.get(*cursor) {
+            *cursor += 1;
+            if std::ptr::eq(*e, ep) {
+                return texts.get(*cursor - 1).map_or("", String::as_str);
+            }
+        }
+        missing.as_str()
     };
 
-    for (used, chain, list) in [
-        (uses_cluster_chain, &names.svc, &eps.cluster),
-        (uses_local_chain, &names.svl, &eps.local),
+    for (used, bit, chain, list) in [
+        (uses_cluster_chain, USES_SVC, &names.svc, &eps.cluster),
+        (uses_local_chain, USES_SVL, &names.svl, &eps.local),
     ] {
         if !used {
             continue;
         }
-        nat.chains.push(chain.clone());
-        active.insert(chain.clone());
+        flags |= bit;
+        nat.chains.push(chain.to_string());
+        active.insert_name(*chain);
         if let Some(timeout) = affinity {
+            let mut cursor = 0;
             for ep in list.iter() {
-                let sep = sep_of(ep);
+                let sep = sep_of(&mut cursor, ep);
                 Line::new(nat, chain)
-                    .comment_if(ctx.comments, format_args!("{spn} -> {ep}"))
+                    .ep_comment(ctx.comments, spn_s, ep)
                     .arg(format_args!(
                         "-m recent --rcheck --seconds {timeout} --reap --name {sep} --mask {} --rsource",
                         mask(ctx.family)
                     ))
-                    .end(sep);
+                    .end_str(sep);
             }
         }
         let n = list.len();
-        for (i, ep) in list.iter().enumerate() {
-            let mut l =
-                Line::new(nat, chain).comment_if(ctx.comments, format_args!("{spn} -> {ep}"));
-            if i + 1 < n {
-                l = l.arg(format_args!(
-                    "-m statistic --mode random --probability {}",
-                    probability(n, i)
-                ));
+        let probs = scratch.probabilities(n);
+        let mut cursor = 0;
+        if !ctx.comments {
+            // The common large-cluster line, in as few pieces as possible.
+            for (i, ep) in list.iter().enumerate() {
+                let sep = sep_of(&mut cursor, ep);
+                let r = &mut nat.rules;
+                r.push_str("-A ");
+                r.push_str(chain);
+                if let Some(p) = probs.get(i) {
+                    r.push_str(" -m statistic --mode random --probability ");
+                    r.push_str(p);
+                }
+                r.push_str(" -j ");
+                r.push_str(sep);
+                r.push('\n');
+                nat.rule_count += 1;
             }
-            l.end(sep_of(ep));
+            continue;
+        }
+        for (i, ep) in list.iter().enumerate() {
+            let sep = sep_of(&mut cursor, ep);
+            let mut l = Line::new(nat, chain).ep_comment(ctx.comments, spn_s, ep);
+            if let Some(p) = probs.get(i) {
+                l = l.s("-m statistic --mode random --probability").s(p);
+            }
+            l.end_str(sep);
         }
     }
 
-    for (ep, sep) in &sep_names {
+    // `-p PROTO -m PROTO -j DNAT --to-destination ` in one piece.
+    let dnat_mid = match spn.protocol {
+        kp_model::Protocol::Tcp => " -p tcp -m tcp -j DNAT --to-destination ",
+        kp_model::Protocol::Udp => " -p udp -m udp -j DNAT --to-destination ",
+        kp_model::Protocol::Sctp => " -p sctp -m sctp -j DNAT --to-destination ",
+    };
+    for ((ep, name), sep) in eps.all_reachable.iter().zip(seps.iter()).zip(texts.iter()) {
         nat.chains.push(sep.clone());
-        active.insert(sep.clone());
-        Line::new(nat, sep)
-            .arg(format_args!("-s {}", Host(ep.ip)))
-            .comment_if(ctx.comments, spn)
-            .end(KUBE_MARK_MASQ);
-        let mut l = Line::new(nat, sep)
-            .arg(format_args!("-p {proto}"))
-            .comment_if(ctx.comments, spn);
+        active.insert_name(*name);
+        if !ctx.comments && affinity.is_none() {
+            let r = &mut nat.rules;
+            r.push_str("-A ");
+            r.push_str(sep);
+            r.push_str(" -s ");
+            push_host(r, ep.ip);
+            r.push_str(" -j KUBE-MARK-MASQ\n-A ");
+            r.push_str(sep);
+            r.push_str(dnat_mid);
+            push_endpoint(r, ep);
+            r.push('\n');
+            nat.rule_count += 2;
+            continue;
+        }
+        let mut l = Line::new(nat, sep);
+        l.out.rules.push_str(" -s ");
+        push_host(&mut l.out.rules, ep.ip);
+        if ctx.comments {
+            l = l.comment_str(spn_s);
+        }
+        l.end_str(KUBE_MARK_MASQ);
+        let mut l = Line::new(nat, sep).s("-p").s(proto);
+        if ctx.comments {
+            l = l.comment_str(spn_s);
+        }
         if affinity.is_some() {
             l = l.arg(format_args!(
                 "-m recent --set --name {sep} --mask {} --rsource",
                 mask(ctx.family)
             ));
         }
-        l.arg(format_args!("-m {proto}"))
-            .end(format_args!("DNAT --to-destination {ep}"));
+        let l = l.s("-m").s(proto);
+        let r = &mut l.out.rules;
+        r.push_str(" -j DNAT --to-destination ");
+        push_endpoint(r, ep);
+        r.push('\n');
+        l.out.rule_count += 1;
     }
+    scratch.seps = seps;
+    scratch.sep_text = texts;
+    scratch.spn = spn_text;
+    entry.flags = flags;
+    entry.nat_rules = nat.rule_count - rules_before;
 }
 
 fn mask(family: IpFamily) -> &'static str {

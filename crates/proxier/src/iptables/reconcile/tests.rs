@@ -233,3 +233,14 @@ fn cleanup_of_a_clean_node_does_nothing() {
     };
     assert_eq!(cleanup_payload(&kernel), CleanupPlan::default());
 }
+
+#[test]
+fn zero_counters_first_only_when_asked() {
+    let mut r = rendered(&["KUBE-SERVICES", "KUBE-SVC-A"], &["KUBE-SVC-A"]);
+    let (plain, _) = full_payload_take(&mut r.clone(), None, true);
+    assert!(!plain.contains("-Z"));
+    let (p, _) = full_payload_take_with(&mut r, None, true, true);
+    assert!(p.starts_with("*filter\n-Z\n:KUBE-SERVICES - [0:0]\n"));
+    assert!(p.contains("*nat\n-Z\n:KUBE-SERVICES - [0:0]\n"));
+    assert_eq!(p.replace("-Z\n", ""), plain, "nothing else changes");
+}
