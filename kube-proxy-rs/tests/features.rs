@@ -1,7 +1,7 @@
 //! Real-traffic checks of Service features through the `kube-proxy-rs` binary, in both proxy
 //! modes: session affinity, externalTrafficPolicy Local keeping the client's address,
-//! loadBalancerSourceRanges, UDP and the UDP conntrack cleanup after an endpoint change;
-//! nftables mode also hairpin traffic and IPv6. They prove with real packets a subset of what
+//! hairpin traffic, loadBalancerSourceRanges, UDP and the UDP conntrack cleanup after an
+//! endpoint change, and an IPv6-only node. They prove with real packets a subset of what
 //! the conformance table proves with the tracer.
 //!
 //! A check that holds in both modes is written once, as a function taking the [`Mode`], with
@@ -113,9 +113,10 @@ fn service_features_with_real_traffic(mode: Mode) {
         be0.peer_ips()
     );
 
-    if mode == Mode::Nftables {
+    {
         // Hairpin: the local endpoint reaches its own Service and is answered by itself too
-        // (masqueraded through the hairpin-connections set, or the reply would bypass NAT).
+        // (masqueraded by the KUBE-SEP chain's source match or nftables' hairpin-connections
+        // set, or the reply would bypass NAT).
         let pod = c.topology.backend(0).ns();
         let mut answered = BTreeMap::new();
         for name in names(
@@ -268,10 +269,10 @@ fn udp_conntrack_entries_follow_endpoint_changes_nftables() {
     udp_conntrack_entries_follow_endpoint_changes(Mode::Nftables);
 }
 
-/// nftables only: an IPv6-only node; ClusterIP and NodePort (on the Node's primary address)
-/// reach both backends.
-#[test]
-fn nftables_ipv6_cluster_ip_and_node_port() {
+/// An IPv6-only node: ClusterIP and NodePort (on the Node's primary address, which nftables
+/// mode's default `--nodeport-addresses primary` and iptables mode's "all" both include)
+/// reach both backends through the ip6tables or `ip6 kube-proxy` rules.
+fn ipv6_cluster_ip_and_node_port(mode: Mode) {
     if !require_root() {
         return;
     }
@@ -319,7 +320,7 @@ items:
     let path = write(dir.path(), "cluster.yaml", &manifest);
     let node = topology.node();
     let mut proxy = Daemon::start(
-        Mode::Nftables,
+        mode,
         node,
         dir.path(),
         &[
@@ -331,9 +332,17 @@ items:
         ],
         None,
     );
-    proxy.wait_until("the proxy did not program the IPv6 Service", || {
-        nft_table(node, "ip6").is_some_and(|s| s.contains("fd00:10:96::a . tcp . 80"))
-    });
+    proxy.wait_until(
+        "the proxy did not program the IPv6 Service",
+        || match mode {
+            Mode::Iptables => node
+                .run("ip6tables-save", ["-t", "nat"])
+                .is_ok_and(|s| s.contains("-d fd00:10:96::a/128 -p tcp")),
+            Mode::Nftables => {
+                nft_table(node, "ip6").is_some_and(|s| s.contains("fd00:10:96::a . tcp . 80"))
+            }
+        },
+    );
     for (what, target) in [
         ("ClusterIP", "[fd00:10:96::a]:80"),
         ("NodePort", "[fd00:56::10]:30090"),
@@ -352,4 +361,14 @@ items:
         assert_eq!(seen.len(), 2, "{what}: both backends answer: {seen:?}");
     }
     drop(http);
+}
+
+#[test]
+fn ipv6_cluster_ip_and_node_port_iptables() {
+    ipv6_cluster_ip_and_node_port(Mode::Iptables);
+}
+
+#[test]
+fn ipv6_cluster_ip_and_node_port_nftables() {
+    ipv6_cluster_ip_and_node_port(Mode::Nftables);
 }
