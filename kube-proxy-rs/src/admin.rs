@@ -33,11 +33,16 @@ pub struct Admin {
 }
 
 impl Admin {
-    /// State for `mode` with health timeout 2 × `sync_period`, as upstream.
-    pub fn new(mode: kp_admin::ProxyMode, sync_period: Duration) -> Self {
+    /// State for `mode` with health timeout 2 × `sync_period`, as upstream; `api_source`
+    /// when the objects come from the API server (adds its connectivity metrics).
+    pub fn new(mode: kp_admin::ProxyMode, sync_period: Duration, api_source: bool) -> Self {
         Admin {
             health: ProxyHealth::new(health_timeout(sync_period)),
-            metrics: Metrics::new(mode),
+            metrics: if api_source {
+                Metrics::with_api_source(mode)
+            } else {
+                Metrics::new(mode)
+            },
             service_health: None,
         }
     }

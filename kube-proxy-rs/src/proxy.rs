@@ -388,6 +388,9 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
+        let admin_mode = if nft_mode { kp_admin::ProxyMode::Nftables } else { kp_admin::ProxyMode::Iptables };
+        let mut admin =
+            crate::admin::Admin::new(admin_mode, args.iptables_sync_period, args.manifests.is_none());
         let (tx, mut rx) = mpsc::channel::<Vec<kp_model::SourceEvent>>(64);
         let skipped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = skipped.clone();
@@ -406,11 +409,13 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                     .map_err(|e| anyhow!(e).context("connecting to the API server"))?;
                 let api = kp_source::api::ApiSource::new(client, node.clone());
                 let mut health = api.health();
+                let metrics = admin.metrics.clone();
                 tokio::spawn(async move {
                     // The dataplane stays as it is while the API server is unreachable;
-                    // say so once per change of state.
+                    // say so once per change of state, and in the connectivity metrics.
                     while health.changed().await.is_ok() {
                         let state = health.borrow_and_update().clone();
+                        metrics.api_server_connected(state.is_connected());
                         match state {
                             kp_source::api::SourceHealth::Disconnected { error, .. } => {
                                 warn!(%error, "API server unreachable: keeping the programmed rules, retrying with backoff")
@@ -435,8 +440,6 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut loops = tokio::task::JoinSet::new();
         let mut servers = tokio::task::JoinSet::new();
-        let admin_mode = if nft_mode { kp_admin::ProxyMode::Nftables } else { kp_admin::ProxyMode::Iptables };
-        let mut admin = crate::admin::Admin::new(admin_mode, args.iptables_sync_period);
         if !args.dry_run && !args.once {
             let hc_addresses = if args.nodeport_addresses.iter().all(|a| a.trim().is_empty() || a.trim() == "all") {
                 kp_admin::HealthCheckAddresses::All

@@ -112,6 +112,12 @@ fn api_source_programs_survives_outages_and_relists() {
         "{metrics}"
     );
     assert_eq!(get(10249, "/proxyMode").lines().last(), Some("iptables"));
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "kube_proxy_rs_api_server_connected 1"),
+        "{metrics}"
+    );
 
     // The API server goes away: the rules stay exactly as they are.
     let before = nat(&ns);
@@ -132,6 +138,18 @@ fn api_source_programs_survives_outages_and_relists() {
         healthz.contains(" 200 "),
         "no pending change, so still healthy like upstream: {healthz}"
     );
+    // The outage shows in kube-proxy-rs's own connectivity metrics.
+    wait_for(
+        || {
+            let m = get(10249, "/metrics");
+            m.lines()
+                .any(|l| l == "kube_proxy_rs_api_server_connected 0")
+                && m.lines()
+                    .any(|l| l == "kube_proxy_rs_api_server_disconnects_total 1")
+        },
+        Duration::from_secs(20),
+    )
+    .unwrap_or_else(|_| panic!("no disconnect in /metrics:\n{}", get(10249, "/metrics")));
 
     // While it is away an endpoint is removed; when it comes back the watches have expired,
     // the source relists, and exactly that change is applied.

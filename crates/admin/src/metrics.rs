@@ -24,6 +24,18 @@
 //! | `kubeproxy_sync_proxy_rules_iptables_total`, `..._iptables_last` | gauge | ip_family, table | iptables |
 //! | `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`, `..._cleanup_failures_total` | counter | ip_family | nftables |
 //!
+//! kube-proxy-rs adds, only when it watches the API server (not with `--manifests`), two
+//! metrics of its own, outside upstream's `kubeproxy_` namespace so no dashboard confuses them:
+//!
+//! | metric | type | meaning |
+//! |---|---|---|
+//! | `kube_proxy_rs_api_server_connected` | gauge | 1 while every watch of the API server is connected, 0 while it is unreachable (the programmed rules are kept as they are) |
+//! | `kube_proxy_rs_api_server_disconnects_total` | counter | times the API server became unreachable |
+//!
+//! `/healthz` does not fail during an API outage, as upstream's does not: it reports whether
+//! queued changes are applied, and a node whose rules are current keeps serving; failing every
+//! node's `/healthz` at once would make load balancers drain the whole cluster.
+//!
 //! `/metrics` is the Prometheus text format 0.0.4 (as Go's `promhttp`); help texts carry
 //! upstream's `[ALPHA] ` prefix (the encoder appends a final period).
 
@@ -185,6 +197,10 @@ struct Inner {
     livez_total: Family<CodeLabels, Counter>,
     conntrack_duration: HistogramFamily<FamilyLabels>,
     conntrack_deleted: Family<FamilyLabels, Counter>,
+    /// Whether the API-server metrics are registered (the process watches the API server).
+    api_source: bool,
+    api_connected: Gauge,
+    api_disconnects: Counter,
 }
 
 /// The metrics handle: cheap to clone, shared by the sync loops and the servers.
@@ -203,8 +219,19 @@ impl Metrics {
         Self::with_clock(mode, Arc::new(TokioClock::new()))
     }
 
+    /// The metrics of `mode` for a process that watches the API server: also
+    /// `kube_proxy_rs_api_server_connected` and `kube_proxy_rs_api_server_disconnects_total`
+    /// (see [`Metrics::api_server_connected`]), with timestamps from a [`TokioClock`].
+    pub fn with_api_source(mode: ProxyMode) -> Self {
+        Self::build(mode, Arc::new(TokioClock::new()), true)
+    }
+
     /// The metrics of `mode`, with timestamps from `clock`.
     pub fn with_clock(mode: ProxyMode, clock: SharedClock) -> Self {
+        Self::build(mode, clock, false)
+    }
+
+    fn build(mode: ProxyMode, clock: SharedClock, api_source: bool) -> Self {
         let hist = || {
             HistogramFamily::<FamilyLabels>::new_with_constructor(
                 sync_histogram as fn() -> Histogram,
@@ -237,6 +264,9 @@ impl Metrics {
             livez_total: Family::default(),
             conntrack_duration: hist(),
             conntrack_deleted: Family::default(),
+            api_source,
+            api_connected: Gauge::default(),
+            api_disconnects: Counter::default(),
         };
         register(&mut inner);
         Metrics {
@@ -404,6 +434,17 @@ impl Metrics {
             .inc();
     }
 
+    /// Records the API server's reachability: sets `kube_proxy_rs_api_server_connected` to 1
+    /// or 0 and counts a change from connected to unreachable in
+    /// `kube_proxy_rs_api_server_disconnects_total`. Not exposed for metrics built without
+    /// [`Metrics::with_api_source`].
+    pub fn api_server_connected(&self, connected: bool) {
+        let was = self.inner.api_connected.set(i64::from(connected));
+        if was == 1 && !connected {
+            self.inner.api_disconnects.inc();
+        }
+    }
+
     /// Counts one `/livez` answer with HTTP status `code`.
     pub fn livez_answered(&self, code: u16) {
         self.inner
@@ -529,6 +570,18 @@ fn register(inner: &mut Inner) {
             "kubeproxy_sync_proxy_rules_iptables_last",
             alpha("Number of iptables rules written by kube-proxy in last sync"),
             inner.iptables_rules_last.clone(),
+        );
+    }
+    if inner.api_source {
+        r.register(
+            "kube_proxy_rs_api_server_connected",
+            "1 while kube-proxy-rs's watches of the API server are connected, 0 while it is unreachable and the programmed rules are kept",
+            inner.api_connected.clone(),
+        );
+        r.register(
+            "kube_proxy_rs_api_server_disconnects",
+            "Times the API server became unreachable",
+            inner.api_disconnects.clone(),
         );
     }
     if inner.mode == ProxyMode::Nftables {
@@ -822,5 +875,31 @@ mod tests {
             "userspace".parse::<ProxyMode>(),
             Err(AdminError::UnknownMode(_))
         ));
+    }
+
+    #[test]
+    fn api_server_metrics_only_with_an_api_source() {
+        let plain = Metrics::new(ProxyMode::Iptables);
+        plain.api_server_connected(false);
+        assert!(!plain.encode().unwrap().contains("kube_proxy_rs_api_server"));
+
+        let m = Metrics::with_api_source(ProxyMode::Iptables);
+        let value = |name: &str| {
+            let text = m.encode().unwrap();
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name} ")).map(str::to_owned))
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+        };
+        assert_eq!(value("kube_proxy_rs_api_server_connected"), "0");
+        m.api_server_connected(true);
+        assert_eq!(value("kube_proxy_rs_api_server_connected"), "1");
+        assert_eq!(value("kube_proxy_rs_api_server_disconnects_total"), "0");
+        m.api_server_connected(false);
+        m.api_server_connected(false);
+        assert_eq!(value("kube_proxy_rs_api_server_connected"), "0");
+        assert_eq!(value("kube_proxy_rs_api_server_disconnects_total"), "1");
+        m.api_server_connected(true);
+        m.api_server_connected(false);
+        assert_eq!(value("kube_proxy_rs_api_server_disconnects_total"), "2");
     }
 }
