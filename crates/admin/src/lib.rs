@@ -75,9 +75,6 @@ pub enum AdminError {
         /// Why it was rejected.
         reason: String,
     },
-    /// A proxy mode name this crate does not know.
-    #[error("unknown proxy mode {0:?} (expected iptables, nftables or ipvs)")]
-    UnknownMode(String),
     /// A server or listener was created outside a Tokio runtime.
     #[error("no Tokio runtime to run the servers on: {0}")]
     NoRuntime(String),

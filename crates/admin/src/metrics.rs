@@ -39,7 +39,6 @@
 //! `/metrics` is the Prometheus text format 0.0.4 (as Go's `promhttp`); help texts carry
 //! upstream's `[ALPHA] ` prefix (the encoder appends a final period).
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime};
@@ -49,6 +48,7 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
+pub use kp_model::ProxyMode;
 use kp_model::IpFamily;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::prometheus_text;
@@ -65,41 +65,6 @@ use crate::server::{AdminServer, ServeOptions};
 /// Upstream's default `--metrics-bind-address` port.
 pub const DEFAULT_METRICS_PORT: u16 = 10249;
 
-/// The proxy mode, which decides the mode-specific metrics and what `/proxyMode` answers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ProxyMode {
-    /// `iptables`.
-    Iptables,
-    /// `nftables`.
-    Nftables,
-    /// `ipvs`.
-    Ipvs,
-}
-
-impl ProxyMode {
-    /// The `--proxy-mode` spelling, which `/proxyMode` returns.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProxyMode::Iptables => "iptables",
-            ProxyMode::Nftables => "nftables",
-            ProxyMode::Ipvs => "ipvs",
-        }
-    }
-}
-
-impl FromStr for ProxyMode {
-    type Err = AdminError;
-
-    /// Parses `iptables`, `nftables` or `ipvs`.
-    fn from_str(s: &str) -> Result<Self, AdminError> {
-        match s {
-            "iptables" => Ok(ProxyMode::Iptables),
-            "nftables" => Ok(ProxyMode::Nftables),
-            "ipvs" => Ok(ProxyMode::Ipvs),
-            other => Err(AdminError::UnknownMode(other.to_string())),
-        }
-    }
-}
 
 /// The `traffic_policy` label of `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -863,17 +828,6 @@ mod tests {
         );
         assert!(text.contains(
             r#"kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"} 1"#
-        ));
-    }
-
-    #[test]
-    fn modes_parse_and_print() {
-        for mode in [ProxyMode::Iptables, ProxyMode::Nftables, ProxyMode::Ipvs] {
-            assert_eq!(mode.as_str().parse::<ProxyMode>().ok(), Some(mode));
-        }
-        assert!(matches!(
-            "userspace".parse::<ProxyMode>(),
-            Err(AdminError::UnknownMode(_))
         ));
     }
 

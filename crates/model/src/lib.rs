@@ -137,9 +137,80 @@ impl FromStr for Protocol {
     }
 }
 
+/// The proxy modes, named as `--proxy-mode` spells them; shared by the proxiers (which mode a
+/// proxier implements) and the metrics server (which mode-specific metrics it registers and
+/// what `/proxyMode` answers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ProxyMode {
+    /// `iptables` (the default on Linux, as upstream).
+    Iptables,
+    /// `nftables`.
+    Nftables,
+    /// `ipvs`.
+    Ipvs,
+}
+
+impl ProxyMode {
+    /// The `--proxy-mode` spelling (`iptables`, `nftables`, `ipvs`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProxyMode::Iptables => "iptables",
+            ProxyMode::Nftables => "nftables",
+            ProxyMode::Ipvs => "ipvs",
+        }
+    }
+}
+
+impl fmt::Display for ProxyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The error of [`ProxyMode::from_str`]: the text names no proxy mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownProxyMode(pub String);
+
+impl fmt::Display for UnknownProxyMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown proxy mode {:?} (expected iptables, nftables or ipvs)",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownProxyMode {}
+
+impl FromStr for ProxyMode {
+    type Err = UnknownProxyMode;
+
+    /// Parses the `--proxy-mode` spelling, lower case only.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "iptables" => Ok(ProxyMode::Iptables),
+            "nftables" => Ok(ProxyMode::Nftables),
+            "ipvs" => Ok(ProxyMode::Ipvs),
+            other => Err(UnknownProxyMode(other.to_string())),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proxy_modes_parse_and_print() {
+        for mode in [ProxyMode::Iptables, ProxyMode::Nftables, ProxyMode::Ipvs] {
+            assert_eq!(mode.as_str().parse::<ProxyMode>(), Ok(mode));
+        }
+        assert_eq!(
+            "userspace".parse::<ProxyMode>(),
+            Err(UnknownProxyMode("userspace".into()))
+        );
+    }
 
     #[test]
     fn protocol_round_trip() {

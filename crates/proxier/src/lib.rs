@@ -22,29 +22,8 @@ pub use nodeport::{BadNodePortAddress, NodePortAddresses};
 
 use std::time::Duration;
 
+pub use kp_model::ProxyMode;
 use kp_model::{Changes, IpFamily, Snapshot};
-
-/// The proxy modes, named as `--proxy-mode` spells them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ProxyMode {
-    /// `iptables` (the default on Linux, as upstream).
-    Iptables,
-    /// `nftables`.
-    Nftables,
-    /// `ipvs`.
-    Ipvs,
-}
-
-impl ProxyMode {
-    /// The `--proxy-mode` spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ProxyMode::Iptables => "iptables",
-            ProxyMode::Nftables => "nftables",
-            ProxyMode::Ipvs => "ipvs",
-        }
-    }
-}
 
 /// Errors of a sync or cleanup. A failed sync leaves the kernel as it was (the restore is
 /// all-or-nothing) and the next sync is a full one.
