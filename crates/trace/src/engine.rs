@@ -10,8 +10,12 @@
 //!   mangle, nat POSTROUTING → if the destination is local, the packet comes back over
 //!   `lo`: raw, mangle PREROUTING and mangle, filter, security INPUT (nat is not consulted
 //!   again: the connection's NAT bindings were set up on the way out).
+//!
+//! The branch state, the routing decisions and the assembly of the result are shared
+//! with the nftables tracer ([`crate::common`]); the tables, chains, matches and targets
+//! of iptables are here.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::net::IpAddr;
 
 use kp_netfilter::{
@@ -20,95 +24,24 @@ use kp_netfilter::{
     StatisticMode, Table, Target,
 };
 
+use crate::common::{self, Core, Flow, Iface, Path, loop_back_local};
 use crate::host::{Dim, SetValue};
 use crate::packet::endpoint;
-use crate::result::{Delivery, Effect, Mode, Outcome, Step, Trace, Verdict};
+use crate::result::{Effect, Mode, Step, Trace, Verdict};
 use crate::{Entry, Host, Packet, Proto, TraceError, TraceOptions};
-
-/// How deep chains may call each other before the trace gives up (kube-proxy's rules
-/// are at most 6 deep; the kernel refuses loops).
-pub const MAX_DEPTH: usize = 64;
 
 /// Targets that only log or count: the packet continues as if they were not there.
 const PASSIVE_TARGETS: &[&str] = &["LOG", "NFLOG", "ULOG", "TRACE", "AUDIT"];
 
-/// What the tracer knows about an interface.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Iface {
-    /// There is none at this hook (no input device in OUTPUT, no output device in
-    /// PREROUTING/INPUT): `-i x` is false, `! -i x` true.
-    Absent,
-    /// A known name.
-    Name(String),
-    /// There is one, but its name was not given.
-    Unknown,
-}
-
-/// The routing decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Path {
-    Local,
-    Forward,
+/// What only the iptables tracer tracks of a branch.
+#[derive(Debug, Clone, Default)]
+struct Ext {
+    /// `recent --set` lists this packet was added to (`name|side`).
+    recent_set: Vec<String>,
 }
 
 /// One branch's view of the packet and its history.
-#[derive(Debug, Clone)]
-struct State {
-    prob: f64,
-    src: IpAddr,
-    /// False after MASQUERADE (the source becomes the outgoing interface's address).
-    src_known: bool,
-    dst: IpAddr,
-    /// `None` = not carried (port-less protocol) or not known.
-    sport: Option<u16>,
-    dport: Option<u16>,
-    mark: u32,
-    dnat: Option<(IpAddr, Option<u16>)>,
-    masquerade: bool,
-    /// conntrack status bits IPS_DST_NAT / IPS_SRC_NAT (`--ctstate DNAT/SNAT`).
-    ct_dnat: bool,
-    ct_snat: bool,
-    /// IPS_CONFIRMED: only on the loopback leg of a locally delivered packet.
-    confirmed: bool,
-    in_iface: Iface,
-    out_iface: Iface,
-    /// `recent --set` lists this packet was added to (`name|side`).
-    recent_set: Vec<String>,
-    steps: Vec<Step>,
-    unknown: Vec<String>,
-    uncertain: bool,
-    /// Set when a table dropped or rejected the packet.
-    verdict: Option<Verdict>,
-    /// Dropped by the kernel's routing checks.
-    routing_drop: bool,
-    path: Option<Path>,
-}
-
-impl State {
-    fn live(&self) -> bool {
-        self.verdict.is_none() && !self.routing_drop
-    }
-
-    fn add_unknown(&mut self, what: String) {
-        self.uncertain = true;
-        if !self.unknown.contains(&what) {
-            self.unknown.push(what);
-        }
-    }
-}
-
-/// How a chain traversal ended.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Flow {
-    /// `RETURN` or the end of the chain: back to the caller (policy for builtins).
-    Return,
-    /// ACCEPT, or a NAT target: this table is done with the packet for this hook.
-    Accept,
-    /// DROP.
-    Drop,
-    /// REJECT with this type.
-    Reject(String),
-}
+type State = common::State<Ext>;
 
 /// A pending traversal position inside one chain invocation.
 struct Item {
@@ -137,15 +70,8 @@ fn pure(b: bool) -> Pure {
 /// One trace in progress.
 pub(crate) struct Engine<'a> {
     rules: &'a Ruleset,
-    host: &'a Host,
-    packet: &'a Packet,
-    version: IpVersion,
-    proto: u8,
-    max_outcomes: usize,
-    branches: usize,
-    capped: bool,
-    notes: Vec<String>,
-    seen_notes: HashSet<String>,
+    /// The packet, the host, the notes.
+    core: Core<'a>,
 }
 
 impl<'a> Engine<'a> {
@@ -156,67 +82,35 @@ impl<'a> Engine<'a> {
         packet: &'a Packet,
         opts: &TraceOptions,
     ) -> Result<Engine<'a>, TraceError> {
-        let version = packet.version();
-        if IpVersion::of(packet.dst) != version {
-            return Err(TraceError::MixedFamily {
-                src: packet.src,
-                dst: packet.dst,
-            });
-        }
-        if !packet.proto.has_ports() && (packet.sport.is_some() || packet.dport.is_some()) {
-            return Err(TraceError::PortsWithoutPortProtocol {
-                proto: packet.proto.to_string(),
-            });
-        }
+        let core = Core::new(Mode::Iptables, host, packet, opts)?;
         if let Some(only) = single_family(rules)
-            && only != version
+            && only != core.version
         {
             return Err(TraceError::FamilyMismatch {
-                packet: version,
+                packet: core.version,
                 ruleset: only,
             });
         }
-        Ok(Engine {
-            rules,
-            host,
-            packet,
-            version,
-            proto: packet.proto.number(version),
-            max_outcomes: opts.max_outcomes.max(1),
-            branches: 1,
-            capped: false,
-            notes: Vec::new(),
-            seen_notes: HashSet::new(),
-        })
-    }
-
-    fn note(&mut self, n: String) {
-        if self.seen_notes.insert(n.clone()) {
-            self.notes.push(n);
-        }
+        Ok(Engine { rules, core })
     }
 
     /// Runs the trace.
     pub(crate) fn run(mut self) -> Result<Trace, TraceError> {
         use Table::{Filter, Mangle, Nat, Raw, Security};
-        let p = self.packet;
+        let p = self.core.packet;
         for t in [Filter, Nat] {
             if !self.rules.tables.contains_key(&t) {
-                self.note(format!(
+                self.core.note(format!(
                     "the ruleset has no {t} table: its hooks were not evaluated (as if empty, \
                      policy ACCEPT)"
                 ));
             }
         }
-        let mut states = vec![self.initial_state()];
+        let mut states = vec![self.core.entry_state(Ext::default())];
         match &p.entry {
-            Entry::Pod { iface } | Entry::External { iface } => {
-                states[0].in_iface = iface.clone().map_or(Iface::Unknown, Iface::Name);
-                states[0].out_iface = Iface::Absent;
+            Entry::Pod { .. } | Entry::External { .. } => {
                 self.hook(&mut states, "PREROUTING", &[Raw, Mangle, Nat], None)?;
-                for st in states.iter_mut().filter(|s| s.live()) {
-                    self.route_incoming(st);
-                }
+                self.core.route_incoming_live(&mut states);
                 let local = Some(Path::Local);
                 let fwd = Some(Path::Forward);
                 self.hook(
@@ -229,27 +123,12 @@ impl<'a> Engine<'a> {
                 self.hook(&mut states, "POSTROUTING", &[Mangle, Nat], fwd)?;
             }
             Entry::Node => {
-                let dst = states[0].dst;
-                states[0].in_iface = Iface::Absent;
-                states[0].out_iface = self.out_iface_for(dst);
                 self.hook(&mut states, "OUTPUT", &[Raw, Mangle, Nat], None)?;
-                for st in states.iter_mut().filter(|s| s.live()) {
-                    self.reroute_local(st);
-                }
+                self.core.reroute_local_live(&mut states);
                 self.hook(&mut states, "OUTPUT", &[Filter, Security], None)?;
                 self.hook(&mut states, "POSTROUTING", &[Mangle, Nat], None)?;
-                let mut looped = false;
-                for st in states
-                    .iter_mut()
-                    .filter(|s| s.live() && s.path == Some(Path::Local))
-                {
-                    st.in_iface = Iface::Name("lo".into());
-                    st.out_iface = Iface::Absent;
-                    st.confirmed = true;
-                    looped = true;
-                }
-                if looped {
-                    self.note(
+                if loop_back_local(&mut states) {
+                    self.core.note(
                         "locally generated packet for a local address: after OUTPUT and \
                          POSTROUTING it comes back over lo through raw/mangle PREROUTING and \
                          mangle/filter INPUT; nat PREROUTING/INPUT are not consulted again \
@@ -263,93 +142,6 @@ impl<'a> Engine<'a> {
             }
         }
         Ok(self.finish(states))
-    }
-
-    fn initial_state(&self) -> State {
-        let p = self.packet;
-        State {
-            prob: 1.0,
-            src: p.src,
-            src_known: true,
-            dst: p.dst,
-            sport: p.sport,
-            dport: p.dport,
-            mark: 0,
-            dnat: None,
-            masquerade: false,
-            ct_dnat: false,
-            ct_snat: false,
-            confirmed: false,
-            in_iface: Iface::Unknown,
-            out_iface: Iface::Unknown,
-            recent_set: Vec::new(),
-            steps: Vec::new(),
-            unknown: Vec::new(),
-            uncertain: false,
-            verdict: None,
-            routing_drop: false,
-            path: None,
-        }
-    }
-
-    fn out_iface_for(&self, dst: IpAddr) -> Iface {
-        if self.host.is_local(dst) {
-            Iface::Name("lo".into())
-        } else {
-            self.packet
-                .out_iface
-                .clone()
-                .map_or(Iface::Unknown, Iface::Name)
-        }
-    }
-
-    /// The routing decision for a packet that came in from an interface.
-    fn route_incoming(&mut self, st: &mut State) {
-        let v6 = self.version == IpVersion::V6;
-        if st.dst.is_loopback() && (v6 || !self.host.route_localnet) {
-            st.routing_drop = true;
-            self.note(format!(
-                "the kernel drops packets for {} that arrive on a non-loopback interface \
-                 (martian destination){}",
-                st.dst,
-                if v6 { "" } else { " unless route_localnet=1" }
-            ));
-            return;
-        }
-        if st.src.is_loopback() && (v6 || !self.host.route_localnet) {
-            st.routing_drop = true;
-            self.note(format!(
-                "the kernel drops packets from {} that arrive on a non-loopback interface \
-                 (martian source){}",
-                st.src,
-                if v6 { "" } else { " unless route_localnet=1" }
-            ));
-            return;
-        }
-        if self.host.is_local(st.dst) {
-            st.path = Some(Path::Local);
-            st.out_iface = Iface::Absent;
-        } else {
-            st.path = Some(Path::Forward);
-            st.out_iface = self.out_iface_for(st.dst);
-        }
-    }
-
-    /// The reroute after nat OUTPUT, for a locally generated packet.
-    fn reroute_local(&mut self, st: &mut State) {
-        let local = self.host.is_local(st.dst);
-        st.path = Some(if local { Path::Local } else { Path::Forward });
-        st.out_iface = self.out_iface_for(st.dst);
-        let v6 = self.version == IpVersion::V6;
-        if !local && st.src.is_loopback() && (v6 || !self.host.route_localnet) {
-            st.routing_drop = true;
-            self.note(format!(
-                "the kernel will not send a packet with source {} out of a non-loopback \
-                 interface{}",
-                st.src,
-                if v6 { "" } else { " unless route_localnet=1" }
-            ));
-        }
     }
 
     /// Runs `hook` of each table in `tables` (in order) for every live state on `path`
@@ -393,16 +185,13 @@ impl<'a> Engine<'a> {
             match flow {
                 Flow::Return => {
                     if policy != "ACCEPT" || !chain.rules.is_empty() {
-                        s.steps.push(Step {
-                            table: table.name().to_string(),
-                            chain: hook.to_string(),
-                            rule_index: None,
-                            line: None,
-                            handle: None,
-                            rule_text: format!("-P {hook} {policy}"),
-                            effect: Effect::Policy,
-                            detail: "policy".into(),
-                        });
+                        s.steps.push(common::chain_step(
+                            table.name().to_string(),
+                            hook.to_string(),
+                            format!("-P {hook} {policy}"),
+                            Effect::Policy,
+                            "policy".into(),
+                        ));
                     }
                     match policy {
                         "ACCEPT" => {}
@@ -412,9 +201,7 @@ impl<'a> Engine<'a> {
                         )),
                     }
                 }
-                Flow::Accept => {}
-                Flow::Drop => s.verdict = Some(Verdict::Drop),
-                Flow::Reject(w) => s.verdict = Some(Verdict::Reject(w)),
+                end => s.leave_chain(end),
             }
             out.push(s);
         }
@@ -431,13 +218,7 @@ impl<'a> Engine<'a> {
         st: State,
         depth: usize,
     ) -> Result<Vec<(State, Flow)>, TraceError> {
-        if depth > MAX_DEPTH {
-            return Err(TraceError::ChainDepth {
-                table: table.name().to_string(),
-                chain: name.to_string(),
-                limit: MAX_DEPTH,
-            });
-        }
+        common::check_depth(depth, || (table.name().to_string(), name.to_string()))?;
         let rules: &'a Ruleset = self.rules;
         let builtin = depth == 0;
         let mut out = Vec::new();
@@ -457,16 +238,10 @@ impl<'a> Engine<'a> {
             loop {
                 let Some(rule) = chain.rules.get(i) else {
                     if !builtin && !matched_any {
-                        st.steps.push(Step {
-                            table: table.name().to_string(),
-                            chain: name.to_string(),
-                            rule_index: None,
-                            line: None,
-                            handle: None,
-                            rule_text: String::new(),
-                            effect: Effect::Return,
-                            detail: "no rule matched".into(),
-                        });
+                        st.steps.push(common::no_rule_matched(
+                            table.name().to_string(),
+                            name.to_string(),
+                        ));
                     }
                     out.push((st, Flow::Return));
                     break;
@@ -561,7 +336,7 @@ impl<'a> Engine<'a> {
                     Some(Target::Reject { with }) => {
                         let w = with
                             .clone()
-                            .unwrap_or_else(|| default_reject(self.version).to_string());
+                            .unwrap_or_else(|| default_reject(self.core.version).to_string());
                         st.steps.push(step(Effect::Reject, String::new()));
                         out.push((st, Flow::Reject(w)));
                         break;
@@ -682,7 +457,7 @@ impl<'a> Engine<'a> {
             }
             None => addr,
         };
-        let port = match (to.ports, self.packet.proto.has_ports()) {
+        let port = match (to.ports, self.core.packet.proto.has_ports()) {
             (Some(r), true) => {
                 ranged |= r.first != r.last;
                 Some(r.first)
@@ -733,7 +508,7 @@ impl<'a> Engine<'a> {
                     let within = r
                         .seconds
                         .map_or_else(String::new, |s| format!(" within {s}s"));
-                    self.note(format!(
+                    self.core.note(format!(
                         "session affinity ({table} {chain} rule index {i}): traced as a first \
                          connection; a returning client{within} (recent list {}) goes back \
                          to {to}",
@@ -755,8 +530,8 @@ impl<'a> Engine<'a> {
         for m in &rule.matches {
             match m {
                 Match::Recent(r) if r.command == RecentCommand::Set => {
-                    st.recent_set.push(recent_key(r));
-                    self.note(format!(
+                    st.ext.recent_set.push(recent_key(r));
+                    self.core.note(format!(
                         "{table} {chain} rule index {i} records the client in recent list {} (session \
                          affinity)",
                         r.name
@@ -768,7 +543,7 @@ impl<'a> Engine<'a> {
                         StatisticMode::Nth { every, .. } => 1.0 / f64::from(every),
                     };
                     if let StatisticMode::Nth { every, .. } = s.mode {
-                        self.note(format!(
+                        self.core.note(format!(
                             "{table} {chain} rule index {i}: statistic nth (every {every}) traced as \
                              a 1/{every} chance: which connection number this is is unknown"
                         ));
@@ -780,14 +555,14 @@ impl<'a> Engine<'a> {
                     if p >= 1.0 {
                         continue;
                     }
-                    if self.branches >= self.max_outcomes {
-                        if !self.capped {
-                            self.capped = true;
-                            self.note(format!(
+                    if self.core.branches >= self.core.max_outcomes {
+                        if !self.core.capped {
+                            self.core.capped = true;
+                            self.core.note(format!(
                                 "more than {} outcomes: further statistic matches were not \
                                  branched (traced as not matching; those outcomes are marked \
                                  uncertain)",
-                                self.max_outcomes
+                                self.core.max_outcomes
                             ));
                         }
                         st.add_unknown(format!(
@@ -796,7 +571,7 @@ impl<'a> Engine<'a> {
                         ));
                         return false;
                     }
-                    self.branches += 1;
+                    self.core.branches += 1;
                     let mut other = st.clone();
                     other.prob *= 1.0 - p;
                     st.prob *= p;
@@ -826,7 +601,7 @@ impl<'a> Engine<'a> {
                 iface_match(&st.out_iface, name, *negated, "output interface")
             }
             Match::Protocol { proto, negated } => {
-                pure((proto.0 == 0 || proto.0 == self.proto) ^ negated)
+                pure((proto.0 == 0 || proto.0 == self.core.proto) ^ negated)
             }
             // The traced packet is the first (so unfragmented) packet of a connection.
             Match::Fragment { negated } => pure(*negated),
@@ -841,7 +616,7 @@ impl<'a> Engine<'a> {
             Match::State(s) => pure(s.states.contains(&ConnState::New) ^ s.negated),
             Match::AddrType(a) => self.addrtype(a, st),
             Match::Recent(r) => {
-                let seen = st.recent_set.contains(&recent_key(r));
+                let seen = st.ext.recent_set.contains(&recent_key(r));
                 match r.command {
                     RecentCommand::Set => {
                         if r.negated {
@@ -873,7 +648,7 @@ impl<'a> Engine<'a> {
     }
 
     fn ports(&self, proto: u8, pm: &PortMatch, st: &State) -> Pure {
-        if self.proto != proto {
+        if self.core.proto != proto {
             return Pure::No;
         }
         let mut unknown = None;
@@ -899,7 +674,7 @@ impl<'a> Engine<'a> {
     }
 
     fn multiport(&self, mp: &Multiport, st: &State) -> Pure {
-        if ![6, 17, 33, 132, 136].contains(&self.proto) {
+        if ![6, 17, 33, 132, 136].contains(&self.core.proto) {
             return Pure::No;
         }
         let hit = |p: Option<u16>| p.map(|p| mp.ports.iter().any(|r| r.contains(p)));
@@ -920,7 +695,7 @@ impl<'a> Engine<'a> {
 
     fn addrtype(&mut self, a: &AddrType, st: &State) -> Pure {
         if a.limit_iface_in || a.limit_iface_out {
-            self.note(
+            self.core.note(
                 "addrtype --limit-iface-in/--limit-iface-out ignored: address types are \
                  evaluated for the whole node"
                     .into(),
@@ -953,7 +728,7 @@ impl<'a> Engine<'a> {
                     let has_unicast = sel.value.contains(&AddrKind::Unicast);
                     let has_routed = routed.iter().any(|k| sel.value.contains(k));
                     if has_unicast {
-                        self.note(format!(
+                        self.core.note(format!(
                             "addrtype: {addr} is assumed UNICAST (routes are not modelled)"
                         ));
                         if sel.negated {
@@ -974,7 +749,7 @@ impl<'a> Engine<'a> {
 
     /// The address type of `ip` when it does not depend on routes.
     fn addr_kind(&self, ip: IpAddr) -> Option<AddrKind> {
-        if self.host.is_local(ip) {
+        if self.core.host.is_local(ip) {
             return Some(AddrKind::Local);
         }
         if ip.is_multicast() {
@@ -988,13 +763,13 @@ impl<'a> Engine<'a> {
     }
 
     fn set_match(&self, s: &SetMatch, st: &State) -> Pure {
-        let Some(set) = self.host.ipsets.get(&s.name) else {
+        let Some(set) = self.core.host.ipsets.get(&s.name) else {
             return Pure::Unknown(format!("the contents of ipset {} were not given", s.name));
         };
         let dims = set.set_type.dims();
         // The kernel never matches with fewer direction flags than the set has
         // dimensions, nor across families.
-        if s.flags.len() < dims.len() || set.family.is_some_and(|f| f != self.version) {
+        if s.flags.len() < dims.len() || set.family.is_some_and(|f| f != self.core.version) {
             return pure(s.negated);
         }
         let mut vals = Vec::with_capacity(dims.len());
@@ -1009,17 +784,19 @@ impl<'a> Engine<'a> {
                     }
                     SetValue::Ip(if src { st.src } else { st.dst })
                 }
-                Dim::Port => match self.packet.proto {
+                Dim::Port => match self.core.packet.proto {
                     Proto::Tcp | Proto::Udp | Proto::Sctp => {
                         let Some(port) = (if src { st.sport } else { st.dport }) else {
                             return Pure::Unknown("the packet's port is not known".into());
                         };
                         SetValue::Port {
-                            proto: self.proto,
+                            proto: self.core.proto,
                             port,
                         }
                     }
-                    Proto::Icmp => SetValue::Echo { proto: self.proto },
+                    Proto::Icmp => SetValue::Echo {
+                        proto: self.core.proto,
+                    },
                     Proto::Other(_) => return pure(s.negated),
                 },
             };
@@ -1030,48 +807,17 @@ impl<'a> Engine<'a> {
 
     /// Turns the final states into the trace, with the closing notes.
     fn finish(mut self, states: Vec<State>) -> Trace {
-        let p = self.packet;
-        let mut outcomes = Vec::with_capacity(states.len());
-        for st in states {
-            let verdict = st.verdict.clone().unwrap_or(Verdict::Accept);
-            let delivery = if st.verdict.is_some() || st.routing_drop {
-                Delivery::Dropped
-            } else if st.path == Some(Path::Local) {
-                Delivery::Local
-            } else {
-                Delivery::Forwarded
-            };
-            outcomes.push(Outcome {
-                probability: st.prob,
-                steps: st.steps,
-                dnat: st.dnat,
-                masquerade: st.masquerade,
-                mark: st.mark,
-                verdict,
-                delivery,
-                unknown: st.unknown,
-                uncertain: st.uncertain,
-            });
-        }
-        let unchanged = outcomes
-            .iter()
-            .any(|o| o.dnat.is_none() && o.delivery == Delivery::Forwarded);
-        if unchanged && !self.host.is_local(p.dst) {
+        let outcomes: Vec<_> = states.into_iter().map(State::into_outcome).collect();
+        if self.core.forwards_unchanged(&outcomes) {
             let n = self.no_dnat_note();
-            self.note(n);
+            self.core.note(n);
         }
-        Trace {
-            mode: Mode::Iptables,
-            outcomes,
-            notes: self.notes,
-            original_dst: (p.dst, p.dport),
-        }
+        self.core.into_trace(outcomes)
     }
 
     /// Explains a packet that leaves the node with its original destination.
     fn no_dnat_note(&self) -> String {
-        let p = self.packet;
-        let dst = endpoint(p.dst, p.dport);
+        let p = self.core.packet;
         let host = Cidr::host(p.dst);
         let mut reqs: Vec<String> = Vec::new();
         let mut seen: Vec<String> = Vec::new();
@@ -1091,32 +837,20 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        if reqs.is_empty() {
-            return format!(
-                "no DNAT: the packet is routed unchanged towards {dst}, which is not an address \
-                 of this node"
-            );
-        }
-        let shown = reqs.len().min(5);
-        let more = if reqs.len() > shown {
-            format!(" and {} more", reqs.len() - shown)
-        } else {
-            String::new()
-        };
         let why = if p.proto == Proto::Icmp {
             "this is why a ClusterIP cannot be pinged in iptables mode"
         } else {
             "the connection attempt gets no answer"
         };
-        format!(
+        self.core.no_dnat_note(&reqs, |shown, more| format!(
             "no DNAT: nat rules for {} only match {}{more}, which this {} packet does not; it is \
              routed unchanged towards {}, an address no interface owns (a Service IP in \
              iptables mode exists only as DNAT rules for its ports), so nothing answers: {why}",
             p.dst,
-            reqs[..shown].join("; "),
+            shown,
             p.proto,
             p.dst
-        )
+        ))
     }
 }
 
@@ -1190,11 +924,7 @@ fn iface_match(iface: &Iface, pattern: &str, negated: bool, what: &str) -> Pure 
             Some(prefix) => n.starts_with(prefix),
             None => n == pattern,
         },
-        Iface::Unknown => {
-            return Pure::Unknown(format!(
-                "the {what} is not known (give it in the packet's entry / out_iface)"
-            ));
-        }
+        Iface::Unknown => return Pure::Unknown(Iface::unknown_reason(what)),
     };
     pure(hit ^ negated)
 }

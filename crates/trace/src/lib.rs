@@ -93,6 +93,7 @@
 //! `statistic` matches stop forking (traced as not matching, outcome uncertain) and a
 //! note says so.
 
+mod common;
 mod engine;
 mod error;
 mod host;
@@ -101,7 +102,7 @@ mod packet;
 mod render;
 mod result;
 
-pub use engine::MAX_DEPTH;
+pub use common::MAX_DEPTH;
 pub use error::TraceError;
 pub use host::{Host, IpSet, SetMember, SetPort, SetType};
 pub use nft::{parse_nft_json, trace_nft, trace_nft_with};

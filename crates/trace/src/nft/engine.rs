@@ -1,6 +1,10 @@
 //! The nftables traversal: base chains of every table, hook by hook in priority order,
 //! rule by rule and statement by statement, forking the packet at random numbers
 //! (`numgen`).
+//!
+//! The branch state, the routing decisions and the assembly of the result are shared
+//! with the iptables tracer ([`crate::common`]); hooks, priorities, base chains and
+//! statements are here.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -15,9 +19,10 @@ use super::ir::{
     NftVerdict, SetElem, Stmt,
 };
 use super::text::{elem_text, expr_text, lit_text, rule_text};
+use crate::common::{self, Core, Flow, Iface, Path, loop_back_local};
 use crate::packet::endpoint;
-use crate::result::{Delivery, Effect, Mode, Outcome, Step, Trace, Verdict};
-use crate::{Entry, Host, MAX_DEPTH, Packet, Proto, TraceError, TraceOptions};
+use crate::result::{Effect, Mode, Outcome, Step, Trace, Verdict};
+use crate::{Entry, Host, Packet, Proto, TraceError, TraceOptions};
 
 /// The priority of conntrack's hooks in prerouting and output: base chains below it see
 /// packets without a conntrack entry (`ct state invalid`, other `ct` keys missing).
@@ -27,79 +32,23 @@ const PRIO_CONNTRACK: i64 = -200;
 /// endpoint).
 const MAX_NUMGEN: u64 = 1 << 16;
 
-/// What the tracer knows about an interface.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Iface {
-    /// None at this hook: `iifname` is `""` (so `iifname "eth0"` is false and
-    /// `iifname != "eth0"` true), as in the kernel.
-    Absent,
-    /// A known name.
-    Name(String),
-    /// There is one, but its name was not given.
-    Unknown,
-}
-
-/// The routing decision.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Path {
-    Local,
-    Forward,
+/// What only the nftables tracer tracks of a branch.
+#[derive(Debug, Clone, Default)]
+struct Ext {
+    /// The conntrack mark.
+    ct_mark: u32,
+    /// Whether conntrack has seen the packet (priority above -200, or after prerouting).
+    tracked: bool,
+    /// A destination NAT binding exists: later nat chains of the hook are skipped.
+    nat_dst_done: bool,
+    /// A source NAT binding exists: later nat chains of the hook are skipped.
+    nat_src_done: bool,
+    /// Elements this packet added to sets: (table index, set, key).
+    recorded: Vec<(usize, String, Vec<Val>)>,
 }
 
 /// One branch's packet and history.
-#[derive(Debug, Clone)]
-struct St {
-    prob: f64,
-    src: IpAddr,
-    src_known: bool,
-    dst: IpAddr,
-    sport: Option<u16>,
-    dport: Option<u16>,
-    mark: u32,
-    ct_mark: u32,
-    dnat: Option<(IpAddr, Option<u16>)>,
-    masquerade: bool,
-    ct_dnat: bool,
-    ct_snat: bool,
-    confirmed: bool,
-    /// Whether conntrack has seen the packet (priority above -200, or after prerouting).
-    tracked: bool,
-    /// A NAT binding of that kind exists: later nat chains of the hook are skipped.
-    nat_dst_done: bool,
-    nat_src_done: bool,
-    in_iface: Iface,
-    out_iface: Iface,
-    /// Elements this packet added to sets: (table index, set, key).
-    recorded: Vec<(usize, String, Vec<Val>)>,
-    steps: Vec<Step>,
-    unknown: Vec<String>,
-    uncertain: bool,
-    verdict: Option<Verdict>,
-    routing_drop: bool,
-    path: Option<Path>,
-}
-
-impl St {
-    fn live(&self) -> bool {
-        self.verdict.is_none() && !self.routing_drop
-    }
-
-    fn add_unknown(&mut self, what: String) {
-        self.uncertain = true;
-        if !self.unknown.contains(&what) {
-            self.unknown.push(what);
-        }
-    }
-}
-
-/// How a chain was left.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Flow {
-    Return,
-    Accept,
-    Drop,
-    Reject(String),
-}
+type St = common::State<Ext>;
 
 /// How a rule ended for one branch.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,15 +139,8 @@ impl Cx<'_> {
 /// One nftables trace in progress.
 pub(crate) struct Engine<'a> {
     rules: &'a NftRuleset,
-    host: &'a Host,
-    packet: &'a Packet,
-    version: IpVersion,
-    proto: u8,
-    max_outcomes: usize,
-    branches: usize,
-    capped: bool,
-    notes: Vec<String>,
-    seen_notes: HashSet<String>,
+    /// The packet, the host, the notes.
+    core: Core<'a>,
     /// Sets that rules fill from the packet path (`update @set`, `add @set`).
     dynamic: HashSet<(usize, String)>,
     /// Reported on every outcome (base chains the model does not run).
@@ -213,18 +155,8 @@ impl<'a> Engine<'a> {
         packet: &'a Packet,
         opts: &TraceOptions,
     ) -> Result<Engine<'a>, TraceError> {
-        let version = packet.version();
-        if IpVersion::of(packet.dst) != version {
-            return Err(TraceError::MixedFamily {
-                src: packet.src,
-                dst: packet.dst,
-            });
-        }
-        if !packet.proto.has_ports() && (packet.sport.is_some() || packet.dport.is_some()) {
-            return Err(TraceError::PortsWithoutPortProtocol {
-                proto: packet.proto.to_string(),
-            });
-        }
+        let core = Core::new(Mode::Nftables, host, packet, opts)?;
+        let version = core.version;
         let applies = |f: Family| match f {
             Family::Ip => version == IpVersion::V4,
             Family::Ip6 => version == IpVersion::V6,
@@ -265,30 +197,16 @@ impl<'a> Engine<'a> {
         }
         Ok(Engine {
             rules,
-            host,
-            packet,
-            version,
-            proto: packet.proto.number(version),
-            max_outcomes: opts.max_outcomes.max(1),
-            branches: 1,
-            capped: false,
-            notes: Vec::new(),
-            seen_notes: HashSet::new(),
+            core,
             dynamic,
             global_unknown: Vec::new(),
         })
     }
 
-    fn note(&mut self, n: String) {
-        if self.seen_notes.insert(n.clone()) {
-            self.notes.push(n);
-        }
-    }
-
     fn applies(&self, f: Family) -> bool {
         match f {
-            Family::Ip => self.version == IpVersion::V4,
-            Family::Ip6 => self.version == IpVersion::V6,
+            Family::Ip => self.core.version == IpVersion::V4,
+            Family::Ip6 => self.core.version == IpVersion::V6,
             Family::Inet => true,
             _ => false,
         }
@@ -296,47 +214,29 @@ impl<'a> Engine<'a> {
 
     /// Runs the trace.
     pub(crate) fn run(mut self) -> Result<Trace, TraceError> {
-        let p = self.packet;
+        let p = self.core.packet;
         self.unevaluated_chains();
         let mut states = vec![self.initial_state()];
         match &p.entry {
-            Entry::Pod { iface } | Entry::External { iface } => {
-                states[0].in_iface = iface.clone().map_or(Iface::Unknown, Iface::Name);
-                states[0].out_iface = Iface::Absent;
+            Entry::Pod { .. } | Entry::External { .. } => {
                 self.hook(&mut states, "prerouting", None, false)?;
-                for st in states.iter_mut().filter(|s| s.live()) {
-                    self.route_incoming(st);
-                }
+                self.core.route_incoming_live(&mut states);
                 self.hook(&mut states, "input", Some(Path::Local), false)?;
                 self.hook(&mut states, "forward", Some(Path::Forward), false)?;
                 self.hook(&mut states, "postrouting", Some(Path::Forward), false)?;
             }
             Entry::Node => {
                 let dst = states[0].dst;
-                states[0].in_iface = Iface::Absent;
-                states[0].out_iface = self.out_iface_for(dst);
-                states[0].path = Some(if self.host.is_local(dst) {
+                states[0].path = Some(if self.core.host.is_local(dst) {
                     Path::Local
                 } else {
                     Path::Forward
                 });
                 self.hook(&mut states, "output", None, false)?;
-                for st in states.iter_mut().filter(|s| s.live()) {
-                    self.reroute_local(st);
-                }
+                self.core.reroute_local_live(&mut states);
                 self.hook(&mut states, "postrouting", None, false)?;
-                let mut looped = false;
-                for st in states
-                    .iter_mut()
-                    .filter(|s| s.live() && s.path == Some(Path::Local))
-                {
-                    st.in_iface = Iface::Name("lo".into());
-                    st.out_iface = Iface::Absent;
-                    st.confirmed = true;
-                    looped = true;
-                }
-                if looped {
-                    self.note(
+                if loop_back_local(&mut states) {
+                    self.core.note(
                         "locally generated packet for a local address: after output and \
                          postrouting it comes back over lo through the prerouting and input \
                          base chains; nat chains are not consulted again (the connection's NAT \
@@ -373,7 +273,7 @@ impl<'a> Engine<'a> {
                         self.global_unknown
                             .push(format!("{msg}; it has rules or a drop policy"));
                     } else if matters && t.family == Family::Bridge {
-                        self.note(msg);
+                        self.core.note(msg);
                     }
                 }
             }
@@ -381,85 +281,10 @@ impl<'a> Engine<'a> {
     }
 
     fn initial_state(&self) -> St {
-        let p = self.packet;
-        St {
-            prob: 1.0,
-            src: p.src,
-            src_known: true,
-            dst: p.dst,
-            sport: p.sport,
-            dport: p.dport,
-            mark: 0,
-            ct_mark: 0,
-            dnat: None,
-            masquerade: false,
-            ct_dnat: false,
-            ct_snat: false,
-            confirmed: false,
-            tracked: false,
-            nat_dst_done: false,
-            nat_src_done: false,
-            in_iface: Iface::Unknown,
-            out_iface: Iface::Unknown,
-            recorded: Vec::new(),
-            steps: Vec::new(),
-            unknown: self.global_unknown.clone(),
-            uncertain: !self.global_unknown.is_empty(),
-            verdict: None,
-            routing_drop: false,
-            path: None,
-        }
-    }
-
-    fn out_iface_for(&self, dst: IpAddr) -> Iface {
-        if self.host.is_local(dst) {
-            Iface::Name("lo".into())
-        } else {
-            self.packet
-                .out_iface
-                .clone()
-                .map_or(Iface::Unknown, Iface::Name)
-        }
-    }
-
-    /// The routing decision for a packet that came in from an interface.
-    fn route_incoming(&mut self, st: &mut St) {
-        let v6 = self.version == IpVersion::V6;
-        for (addr, what) in [(st.dst, "destination"), (st.src, "source")] {
-            if addr.is_loopback() && (v6 || !self.host.route_localnet) {
-                st.routing_drop = true;
-                self.note(format!(
-                    "the kernel drops packets with {what} {addr} that arrive on a non-loopback \
-                     interface (martian {what}){}",
-                    if v6 { "" } else { " unless route_localnet=1" }
-                ));
-                return;
-            }
-        }
-        if self.host.is_local(st.dst) {
-            st.path = Some(Path::Local);
-            st.out_iface = Iface::Absent;
-        } else {
-            st.path = Some(Path::Forward);
-            st.out_iface = self.out_iface_for(st.dst);
-        }
-    }
-
-    /// The reroute of a locally generated packet (after output's DNAT).
-    fn reroute_local(&mut self, st: &mut St) {
-        let local = self.host.is_local(st.dst);
-        st.path = Some(if local { Path::Local } else { Path::Forward });
-        st.out_iface = self.out_iface_for(st.dst);
-        let v6 = self.version == IpVersion::V6;
-        if !local && st.src.is_loopback() && (v6 || !self.host.route_localnet) {
-            st.routing_drop = true;
-            self.note(format!(
-                "the kernel will not send a packet with source {} out of a non-loopback \
-                 interface{}",
-                st.src,
-                if v6 { "" } else { " unless route_localnet=1" }
-            ));
-        }
+        let mut st = self.core.entry_state(Ext::default());
+        st.unknown = self.global_unknown.clone();
+        st.uncertain = !self.global_unknown.is_empty();
+        st
     }
 
     /// The base chains of `hook` for the packet's family, in the order the kernel runs
@@ -513,19 +338,19 @@ impl<'a> Engine<'a> {
             for mut st in states.drain(..) {
                 let skip_nat = nat
                     && (lo_leg
-                        || (dst_manip && st.nat_dst_done)
-                        || (!dst_manip && st.nat_src_done));
+                        || (dst_manip && st.ext.nat_dst_done)
+                        || (!dst_manip && st.ext.nat_src_done));
                 if !st.live() || (path.is_some() && st.path != path) || skip_nat {
                     next.push(st);
                     continue;
                 }
-                st.tracked = lo_leg
+                st.ext.tracked = lo_leg
                     || !matches!(hook, "prerouting" | "output")
                     || i64::from(base.priority) >= PRIO_CONNTRACK;
                 let before = st.dst;
                 for mut s in self.run_base(ti, chain, st)? {
                     if hook == "output" && s.live() && s.dst != before {
-                        self.reroute_local(&mut s);
+                        self.core.reroute_local(&mut s);
                     }
                     next.push(s);
                 }
@@ -546,16 +371,13 @@ impl<'a> Engine<'a> {
                 Flow::Return => match policy {
                     "accept" => {}
                     "drop" => {
-                        s.steps.push(Step {
-                            table: table.label(),
-                            chain: chain.name.clone(),
-                            rule_index: None,
-                            line: None,
-                            handle: None,
-                            rule_text: "policy drop".into(),
-                            effect: Effect::Policy,
-                            detail: String::new(),
-                        });
+                        s.steps.push(common::chain_step(
+                            table.label(),
+                            chain.name.clone(),
+                            "policy drop".into(),
+                            Effect::Policy,
+                            String::new(),
+                        ));
                         s.verdict = Some(Verdict::Drop);
                     }
                     other => s.add_unknown(format!(
@@ -564,9 +386,7 @@ impl<'a> Engine<'a> {
                         chain.name
                     )),
                 },
-                Flow::Accept => {}
-                Flow::Drop => s.verdict = Some(Verdict::Drop),
-                Flow::Reject(w) => s.verdict = Some(Verdict::Reject(w)),
+                end => s.leave_chain(end),
             }
             out.push(s);
         }
@@ -582,28 +402,14 @@ impl<'a> Engine<'a> {
         depth: usize,
     ) -> Result<Vec<(St, Flow)>, TraceError> {
         let table: &'a NftTable = &self.rules.tables[ti];
-        if depth > MAX_DEPTH {
-            return Err(TraceError::ChainDepth {
-                table: table.label(),
-                chain: chain.name.clone(),
-                limit: MAX_DEPTH,
-            });
-        }
+        common::check_depth(depth, || (table.label(), chain.name.clone()))?;
         let mut out = Vec::new();
         let mut stack: Vec<(St, usize, bool)> = vec![(st, 0, false)];
         while let Some((mut st, i, matched_any)) = stack.pop() {
             let Some(rule) = chain.rules.get(i) else {
                 if depth > 0 && !matched_any {
-                    st.steps.push(Step {
-                        table: table.label(),
-                        chain: chain.name.clone(),
-                        rule_index: None,
-                        line: None,
-                        handle: None,
-                        rule_text: String::new(),
-                        effect: Effect::Return,
-                        detail: "no rule matched".into(),
-                    });
+                    st.steps
+                        .push(common::no_rule_matched(table.label(), chain.name.clone()));
                 }
                 out.push((st, Flow::Return));
                 continue;
@@ -683,14 +489,14 @@ impl<'a> Engine<'a> {
                         None => (1.0, Act::NoMatch),
                     },
                     None if branches.len() > 1 => {
-                        if self.branches + branches.len() - 1 > self.max_outcomes {
-                            if !self.capped {
-                                self.capped = true;
-                                self.note(format!(
+                        if self.core.branches + branches.len() - 1 > self.core.max_outcomes {
+                            if !self.core.capped {
+                                self.core.capped = true;
+                                self.core.note(format!(
                                     "more than {} outcomes: further random choices were not \
                                      branched (traced as not matching; those outcomes are \
                                      marked uncertain)",
-                                    self.max_outcomes
+                                    self.core.max_outcomes
                                 ));
                             }
                             p.st.add_unknown(format!(
@@ -701,7 +507,7 @@ impl<'a> Engine<'a> {
                             done.push((p.st, Out::NoMatch));
                             break;
                         }
-                        self.branches += branches.len() - 1;
+                        self.core.branches += branches.len() - 1;
                         for (k, (bp, _)) in branches.iter().enumerate().skip(1).rev() {
                             let mut st = p.st.clone();
                             st.prob *= bp;
@@ -758,8 +564,8 @@ impl<'a> Engine<'a> {
             }
             Act::SetCtMark(m) => {
                 p.details
-                    .push(format!("ct mark {:#x} -> {m:#x}", p.st.ct_mark));
-                p.st.ct_mark = m;
+                    .push(format!("ct mark {:#x} -> {m:#x}", p.st.ext.ct_mark));
+                p.st.ext.ct_mark = m;
                 p.side_effects = true;
                 None
             }
@@ -772,19 +578,20 @@ impl<'a> Engine<'a> {
                     .get(&set)
                     .and_then(|s| s.timeout)
                     .map_or_else(String::new, |t| format!(" for {t}s"));
-                self.note(format!(
+                self.core.note(format!(
                     "{} records {shown} in @{set}{timeout} (session affinity: a returning \
                      client is recognized by it)",
                     cx.place()
                 ));
-                p.st.recorded.push((cx.ti, set, key));
+                p.st.ext.recorded.push((cx.ti, set, key));
                 p.side_effects = true;
                 None
             }
             Act::Unrecord(set, key) => {
                 p.details
                     .push(format!("removes {} from @{set}", key_text(&key)));
-                p.st.recorded
+                p.st.ext
+                    .recorded
                     .retain(|(t, s, k)| !(*t == cx.ti && *s == set && *k == key));
                 p.side_effects = true;
                 None
@@ -845,7 +652,7 @@ impl<'a> Engine<'a> {
                     ));
                 }
                 let st = &mut p.st;
-                let port_proto = self.packet.proto.has_ports();
+                let port_proto = self.core.packet.proto.has_ports();
                 let (effect, detail) = match kind {
                     NatKind::Dnat => {
                         let a = addr.unwrap_or(st.dst);
@@ -860,7 +667,7 @@ impl<'a> Engine<'a> {
                         st.dst = a;
                         st.dport = pt;
                         st.dnat = Some((a, pt));
-                        st.nat_dst_done = true;
+                        st.ext.nat_dst_done = true;
                         (
                             Effect::Dnat,
                             format!("destination now {}{chance}", endpoint(a, pt)),
@@ -878,7 +685,7 @@ impl<'a> Engine<'a> {
                         }
                         st.masquerade = true;
                         st.ct_snat = true;
-                        st.nat_src_done = true;
+                        st.ext.nat_src_done = true;
                         (
                             Effect::Snat,
                             format!("source now {}", endpoint(a, st.sport)),
@@ -888,7 +695,7 @@ impl<'a> Engine<'a> {
                         st.masquerade = true;
                         st.ct_snat = true;
                         st.src_known = false;
-                        st.nat_src_done = true;
+                        st.ext.nat_src_done = true;
                         if random || port.is_some() {
                             st.sport = None;
                         }
@@ -964,7 +771,7 @@ impl<'a> Engine<'a> {
                     })
             })
             .unwrap_or_default();
-        self.note(format!(
+        self.core.note(format!(
             "session affinity ({}): traced as a first connection ({shown} is not in @{set}); a \
              returning client{within} takes {target}{listed}",
             cx.place()
@@ -1063,7 +870,7 @@ impl<'a> Engine<'a> {
                 let w = match (kind.as_deref(), code.as_deref()) {
                     (Some(k), Some(c)) => format!("{k} {c}"),
                     (Some(k), None) => k.to_string(),
-                    (None, _) => match self.version {
+                    (None, _) => match self.core.version {
                         IpVersion::V4 => "icmp port-unreachable".into(),
                         IpVersion::V6 => "icmpv6 port-unreachable".into(),
                     },
@@ -1162,6 +969,7 @@ impl<'a> Engine<'a> {
                     return Act::Unknown(unknown_reason(vals));
                 };
                 let member = st
+                    .ext
                     .recorded
                     .iter()
                     .any(|(t, s, k)| *t == cx.ti && s == name && *k == key);
@@ -1282,7 +1090,7 @@ impl<'a> Engine<'a> {
             ));
         }
         if names.iter().any(|n| n == "unicast") {
-            self.note(format!(
+            self.core.note(format!(
                 "fib: {addr} is assumed unicast (routes are not modelled)"
             ));
         }
@@ -1291,7 +1099,7 @@ impl<'a> Engine<'a> {
 
     /// The route type of `ip` when it does not depend on routes.
     fn addr_class(&self, ip: IpAddr) -> Option<u128> {
-        if self.host.is_local(ip) {
+        if self.core.host.is_local(ip) {
             return Some(2);
         }
         if ip.is_multicast() {
@@ -1383,7 +1191,7 @@ impl<'a> Engine<'a> {
         random: bool,
     ) -> Act {
         if let Some(a) = addr
-            && IpVersion::of(a) != self.version
+            && IpVersion::of(a) != self.core.version
         {
             return Act::Unknown(format!("NAT to {a}, an address of the other family"));
         }
@@ -1429,7 +1237,7 @@ impl<'a> Engine<'a> {
                     return vec![(1.0, vec![V::Unknown(format!("numgen {mode}"))])];
                 }
                 if mode == "inc" {
-                    self.note(format!(
+                    self.core.note(format!(
                         "{}: numgen inc mod {modulus} traced as a 1/{modulus} chance for each \
                          value (which value the counter holds is unknown)",
                         cx.place()
@@ -1546,8 +1354,8 @@ impl<'a> Engine<'a> {
 
     /// A packet field's value.
     fn field(&self, e: &Expr, st: &St) -> V {
-        let v4 = self.version == IpVersion::V4;
-        let pkt = self.packet;
+        let v4 = self.core.version == IpVersion::V4;
+        let pkt = self.core.packet;
         let port = |v: Option<u16>, what: &str| match v {
             Some(p) => V::Known(Val::Int(u128::from(p))),
             None => V::Unknown(format!("the packet's {what} is not known")),
@@ -1562,9 +1370,7 @@ impl<'a> Engine<'a> {
         let iface = |i: &Iface, what: &str| match i {
             Iface::Absent => V::Known(Val::Name(String::new())),
             Iface::Name(n) => V::Known(Val::Name(n.clone())),
-            Iface::Unknown => V::Unknown(format!(
-                "the {what} is not known (give it in the packet's entry / out_iface)"
-            )),
+            Iface::Unknown => V::Unknown(Iface::unknown_reason(what)),
         };
         match e {
             Expr::Payload { protocol, field } => {
@@ -1576,7 +1382,7 @@ impl<'a> Engine<'a> {
                     ("ip" | "ip6", "saddr") => src(st),
                     ("ip" | "ip6", "daddr") => V::Known(Val::Addr(st.dst)),
                     ("ip", "protocol") | ("ip6", "nexthdr") => {
-                        V::Known(Val::Int(u128::from(self.proto)))
+                        V::Known(Val::Int(u128::from(self.core.proto)))
                     }
                     ("tcp" | "udp" | "sctp" | "udplite" | "dccp", _) => {
                         let want = match p {
@@ -1586,7 +1392,7 @@ impl<'a> Engine<'a> {
                             "udplite" => 136,
                             _ => 33,
                         };
-                        if self.proto != want {
+                        if self.core.proto != want {
                             return V::Absent;
                         }
                         match f {
@@ -1613,7 +1419,10 @@ impl<'a> Engine<'a> {
                                     .into(),
                             )
                         } else {
-                            V::Unknown(format!("th {f} of protocol {} not modelled", self.proto))
+                            V::Unknown(format!(
+                                "th {f} of protocol {} not modelled",
+                                self.core.proto
+                            ))
                         }
                     }
                     ("icmp", "type" | "code") => {
@@ -1634,7 +1443,7 @@ impl<'a> Engine<'a> {
                 }
             }
             Expr::Meta(k) => match k.as_str() {
-                "l4proto" => V::Known(Val::Int(u128::from(self.proto))),
+                "l4proto" => V::Known(Val::Int(u128::from(self.core.proto))),
                 "nfproto" => V::Known(Val::Int(if v4 { 2 } else { 10 })),
                 "protocol" => V::Known(Val::Int(if v4 { 0x0800 } else { 0x86dd })),
                 "iifname" | "iif" => iface(&st.in_iface, "input interface"),
@@ -1648,7 +1457,7 @@ impl<'a> Engine<'a> {
                 other => V::Unknown(format!("meta {other} not modelled")),
             },
             Expr::Ct { key, dir } => {
-                if !st.tracked {
+                if !st.ext.tracked {
                     return if key == "state" {
                         V::Known(Val::Int(1))
                     } else {
@@ -1672,9 +1481,9 @@ impl<'a> Engine<'a> {
                         V::Known(Val::Int(s))
                     }
                     ("direction", _) => V::Known(Val::Int(0)),
-                    ("mark", _) => V::Known(Val::Int(u128::from(st.ct_mark))),
+                    ("mark", _) => V::Known(Val::Int(u128::from(st.ext.ct_mark))),
                     ("l3proto", true) => V::Known(Val::Int(if v4 { 2 } else { 10 })),
-                    ("protocol", true) => V::Known(Val::Int(u128::from(self.proto))),
+                    ("protocol", true) => V::Known(Val::Int(u128::from(self.core.proto))),
                     ("ip saddr" | "saddr", true) if v4 => V::Known(Val::Addr(pkt.src)),
                     ("ip daddr" | "daddr", true) if v4 => V::Known(Val::Addr(pkt.dst)),
                     ("ip6 saddr" | "saddr", true) if !v4 => V::Known(Val::Addr(pkt.src)),
@@ -1716,53 +1525,24 @@ impl<'a> Engine<'a> {
     // ----- the result -----
 
     fn finish(mut self, states: Vec<St>) -> Trace {
-        let p = self.packet;
-        let mut outcomes = Vec::with_capacity(states.len());
-        for st in states {
-            let verdict = st.verdict.clone().unwrap_or(Verdict::Accept);
-            let delivery = if st.verdict.is_some() || st.routing_drop {
-                Delivery::Dropped
-            } else if st.path == Some(Path::Local) {
-                Delivery::Local
-            } else {
-                Delivery::Forwarded
-            };
-            outcomes.push(Outcome {
-                probability: st.prob,
-                steps: st.steps,
-                dnat: st.dnat,
-                masquerade: st.masquerade,
-                mark: st.mark,
-                verdict,
-                delivery,
-                unknown: st.unknown,
-                uncertain: st.uncertain,
-            });
-        }
+        let outcomes: Vec<_> = states.into_iter().map(St::into_outcome).collect();
         for n in self.cluster_ips_notes(&outcomes) {
-            self.note(n);
+            self.core.note(n);
         }
-        let unchanged = outcomes
-            .iter()
-            .any(|o| o.dnat.is_none() && o.delivery == Delivery::Forwarded);
-        if unchanged && !self.host.is_local(p.dst) {
+        if self.core.forwards_unchanged(&outcomes) {
             let n = self.no_dnat_note();
-            self.note(n);
+            self.core.note(n);
         }
         if self.rules.tables.is_empty() {
-            self.note("the ruleset has no tables: nothing was evaluated".into());
+            self.core
+                .note("the ruleset has no tables: nothing was evaluated".into());
         }
-        Trace {
-            mode: Mode::Nftables,
-            outcomes,
-            notes: self.notes,
-            original_dst: (p.dst, p.dport),
-        }
+        self.core.into_trace(outcomes)
     }
 
     /// Explains kube-proxy's `cluster-ips-check` chain when it ended a branch.
     fn cluster_ips_notes(&self, outcomes: &[Outcome]) -> Vec<String> {
-        let p = self.packet;
+        let p = self.core.packet;
         let mut out = Vec::new();
         for o in outcomes {
             let Some(last) = o.steps.last() else { continue };
@@ -1804,8 +1584,7 @@ impl<'a> Engine<'a> {
 
     /// Explains a packet that leaves the node with its original destination.
     fn no_dnat_note(&self) -> String {
-        let p = self.packet;
-        let dst = endpoint(p.dst, p.dport);
+        let p = self.core.packet;
         let mut listed: Vec<String> = Vec::new();
         for t in self.rules.tables.iter().filter(|t| self.applies(t.family)) {
             for s in t.sets.values() {
@@ -1831,32 +1610,20 @@ impl<'a> Engine<'a> {
                 }
             }
         }
-        if listed.is_empty() {
-            return format!(
-                "no DNAT: the packet is routed unchanged towards {dst}, which is not an address \
-                 of this node"
-            );
-        }
-        let shown = listed.len().min(5);
-        let more = if listed.len() > shown {
-            format!(" and {} more", listed.len() - shown)
-        } else {
-            String::new()
-        };
         let why = if p.proto == Proto::Icmp {
             "so a ping to it goes unanswered"
         } else {
             "so the connection attempt gets no answer"
         };
-        format!(
+        self.core.no_dnat_note(&listed, |shown, more| format!(
             "no DNAT: kube-proxy's maps list {} only as {}{more}, which this {} packet is not; it \
              is routed unchanged towards {}, an address no interface owns (a Service IP exists \
              only as map elements for its ports), {why}",
             p.dst,
-            listed[..shown].join("; "),
+            shown,
             p.proto,
             p.dst
-        )
+        ))
     }
 }
 
