@@ -288,7 +288,10 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
         for e in &slice.endpoints {
             if let Some(n) = &e.node_name {
                 for p in &slice.ports {
-                    node_of.insert(SocketAddr::new(e.address, p.port).to_string(), n.clone());
+                    node_of.insert(
+                        SocketAddr::new(e.address, p.port).to_string(),
+                        n.to_string(),
+                    );
                 }
             }
         }

@@ -14,6 +14,7 @@
 mod event;
 mod names;
 mod object;
+mod shared;
 mod snapshot;
 
 pub use event::{ObjectKind, SourceEvent};
@@ -26,6 +27,7 @@ pub use object::{
     LoadBalancerIpMode, Node, Service, ServicePortSpec, ServiceType, SessionAffinity,
     SliceAddressType, TrafficDistribution, TrafficPolicy,
 };
+pub use shared::{HintSet, Interner, SharedStr};
 pub use snapshot::{Changes, Endpoint, ServicePortInfo, Snapshot};
 
 use std::fmt;

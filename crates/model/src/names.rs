@@ -8,7 +8,7 @@
 
 use std::fmt;
 
-use crate::Protocol;
+use crate::{Protocol, SharedStr};
 
 /// Why a name was rejected; `Display` gives the rule it broke.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,9 +116,9 @@ pub fn validate_port_name(value: &str) -> Result<(), NameError> {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct NamespacedName {
     /// The namespace (a DNS-1123 label).
-    pub namespace: String,
+    pub namespace: SharedStr,
     /// The object's name.
-    pub name: String,
+    pub name: SharedStr,
 }
 
 impl NamespacedName {
@@ -131,13 +131,13 @@ impl NamespacedName {
         validate_dns_label(namespace)?;
         validate_service_name(name)?;
         Ok(Self {
-            namespace: namespace.to_string(),
-            name: name.to_string(),
+            namespace: namespace.into(),
+            name: name.into(),
         })
     }
 
     /// Builds a name without validation; for tests and for names already validated.
-    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+    pub fn new(namespace: impl Into<SharedStr>, name: impl Into<SharedStr>) -> Self {
         Self {
             namespace: namespace.into(),
             name: name.into(),
@@ -161,14 +161,14 @@ pub struct ServicePortName {
     /// The Service.
     pub service: NamespacedName,
     /// The port's name; empty for a Service's single unnamed port.
-    pub port: String,
+    pub port: SharedStr,
     /// The port's protocol.
     pub protocol: Protocol,
 }
 
 impl ServicePortName {
     /// Builds a ServicePortName from parts.
-    pub fn new(service: NamespacedName, port: impl Into<String>, protocol: Protocol) -> Self {
+    pub fn new(service: NamespacedName, port: impl Into<SharedStr>, protocol: Protocol) -> Self {
         Self {
             service,
             port: port.into(),

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use crate::{NamespacedName, Protocol};
+use crate::{HintSet, NamespacedName, Protocol, SharedStr};
 
 /// `spec.type` of a Service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -82,7 +82,7 @@ pub struct LoadBalancerIngress {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ServicePortSpec {
     /// `name` (empty when the Service has a single unnamed port).
-    pub name: String,
+    pub name: SharedStr,
     /// `protocol` (API default TCP).
     pub protocol: Protocol,
     /// `port`, 1..=65535.
@@ -160,7 +160,7 @@ pub enum SliceAddressType {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct EndpointPort {
     /// `name`; matched against the Service port's name. Empty when unnamed.
-    pub name: String,
+    pub name: SharedStr,
     /// `protocol` (default TCP).
     pub protocol: Protocol,
     /// `port`, 1..=65535 (a slice port without a number is dropped at the source).
@@ -197,13 +197,14 @@ pub struct EndpointEntry {
     /// `conditions`.
     pub conditions: EndpointConditions,
     /// `nodeName`.
-    pub node_name: Option<String>,
+    pub node_name: Option<SharedStr>,
     /// `zone`.
-    pub zone: Option<String>,
-    /// `hints.forZones[].name`, when hints are present.
-    pub zone_hints: Option<Vec<String>>,
-    /// `hints.forNodes[].name`, when hints are present.
-    pub node_hints: Option<Vec<String>>,
+    pub zone: Option<SharedStr>,
+    /// `hints.forZones[].name`, when hints are present (as a set: order and repeats are not
+    /// kept, the proxy only asks whether a name is there).
+    pub zone_hints: Option<HintSet>,
+    /// `hints.forNodes[].name`, when hints are present (as a set, like `zone_hints`).
+    pub node_hints: Option<HintSet>,
 }
 
 impl EndpointEntry {
@@ -212,7 +213,7 @@ impl EndpointEntry {
         Self {
             address,
             conditions: EndpointConditions::default(),
-            node_name: node.map(str::to_string),
+            node_name: node.map(SharedStr::from),
             zone: None,
             zone_hints: None,
             node_hints: None,

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use crate::{
-    IpFamily, NamespacedName, ServicePortName, ServiceType, SessionAffinity, TrafficDistribution,
+    HintSet, IpFamily, NamespacedName, ServicePortName, ServiceType, SessionAffinity,
+    TrafficDistribution,
 };
 
 /// One port of one Service in one IP family: upstream kube-proxy's `ServicePort`.
@@ -89,9 +90,9 @@ pub struct Endpoint {
     /// Terminating.
     pub terminating: bool,
     /// Zone hints, when the slice carries hints.
-    pub zone_hints: Option<BTreeSet<String>>,
+    pub zone_hints: Option<HintSet>,
     /// Node hints, when the slice carries hints.
-    pub node_hints: Option<BTreeSet<String>>,
+    pub node_hints: Option<HintSet>,
 }
 
 impl fmt::Display for Endpoint {

@@ -54,7 +54,7 @@ fn svc(i: u8) -> SourceEvent {
         NamespacedName::new("default", format!("s{i}")),
         ip,
         vec![ServicePortSpec {
-            name: String::new(),
+            name: "".into(),
             protocol: Protocol::Tcp,
             port: 80,
             node_port: None,

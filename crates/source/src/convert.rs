@@ -30,10 +30,11 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kp_model::{
-    EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, LoadBalancerIngress,
-    LoadBalancerIpMode, NameError, NamespacedName, Node, Protocol, Service, ServicePortSpec,
-    ServiceType, SessionAffinity, SliceAddressType, TrafficDistribution, TrafficPolicy,
-    validate_dns_label, validate_dns_subdomain, validate_port_name, validate_service_name,
+    EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, HintSet, Interner,
+    LoadBalancerIngress, LoadBalancerIpMode, NameError, NamespacedName, Node, Protocol, Service,
+    ServicePortSpec, ServiceType, SessionAffinity, SliceAddressType, TrafficDistribution,
+    TrafficPolicy, validate_dns_label, validate_dns_subdomain, validate_port_name,
+    validate_service_name,
 };
 
 use crate::SourceError;
@@ -421,7 +422,7 @@ fn service_ports(input: &[core::ServicePort]) -> Result<Vec<ServicePortSpec>> {
         }
         let node_port = optional_port(&field("nodePort"), p.node_port)?;
         ports.push(ServicePortSpec {
-            name: name.to_string(),
+            name: name.into(),
             protocol,
             port,
             node_port,
@@ -490,7 +491,7 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<Converted<Endp
         let Some(number) = p.port else { continue };
         let port = port_number(&field("port"), number)?;
         ports.push(EndpointPort {
-            name: name.to_string(),
+            name: name.into(),
             protocol,
             port,
         });
@@ -502,14 +503,17 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<Converted<Endp
         .and_then(|a| a.get(ANNOTATION_LAST_CHANGE_TRIGGER_TIME))
         .cloned();
 
-    Ok(Converted::Object(EndpointSlice {
+    let mut slice = EndpointSlice {
         name: NamespacedName::new(namespace.clone(), name),
         service: NamespacedName::new(namespace, service_name.as_str()),
         address_type,
         ports,
         endpoints,
         last_change_trigger_time,
-    }))
+    };
+    // Endpoints of one slice mostly share node names, zones and hints: hold each text once.
+    Interner::new().endpoint_slice(&mut slice);
+    Ok(Converted::Object(slice))
 }
 
 fn endpoint_entry(
@@ -541,13 +545,13 @@ fn endpoint_entry(
     let node_name = non_empty(ep.node_name.as_deref())
         .map(|n| {
             validate_dns_subdomain(n).map_err(|e| name_error(field("nodeName"), e))?;
-            Ok(n.to_string())
+            Ok(n.into())
         })
         .transpose()?;
     let zone = non_empty(ep.zone.as_deref())
         .map(|z| {
             label_value(&field("zone"), z)?;
-            Ok(z.to_string())
+            Ok(z.into())
         })
         .transpose()?;
     let hints = ep.hints.as_ref();
@@ -558,9 +562,9 @@ fn endpoint_entry(
                 .enumerate()
                 .map(|(j, z)| {
                     label_value(&field(&format!("hints.forZones[{j}].name")), &z.name)?;
-                    Ok(z.name.clone())
+                    Ok(z.name.as_str())
                 })
-                .collect::<Result<Vec<_>>>()?,
+                .collect::<Result<HintSet>>()?,
         ),
         _ => None,
     };
@@ -572,9 +576,9 @@ fn endpoint_entry(
                 .map(|(j, n)| {
                     validate_dns_subdomain(&n.name)
                         .map_err(|e| name_error(field(&format!("hints.forNodes[{j}].name")), e))?;
-                    Ok(n.name.clone())
+                    Ok(n.name.as_str())
                 })
-                .collect::<Result<Vec<_>>>()?,
+                .collect::<Result<HintSet>>()?,
         ),
         _ => None,
     };

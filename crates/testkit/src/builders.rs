@@ -57,7 +57,7 @@ impl ServiceBuilder {
     /// Adds a port.
     pub fn port(mut self, name: &str, protocol: Protocol, port: u16) -> Self {
         self.svc.ports.push(ServicePortSpec {
-            name: name.to_string(),
+            name: name.into(),
             protocol,
             port,
             node_port: None,
@@ -177,7 +177,7 @@ impl SliceBuilder {
 
     /// Renames the slice (a Service may have several).
     pub fn named(mut self, name: &str) -> Self {
-        self.slice.name.name = name.to_string();
+        self.slice.name.name = name.into();
         self
     }
 
@@ -195,7 +195,7 @@ impl SliceBuilder {
     /// Adds a port with a protocol.
     pub fn port_proto(mut self, name: &str, protocol: Protocol, port: u16) -> Self {
         self.slice.ports.push(EndpointPort {
-            name: name.to_string(),
+            name: name.into(),
             protocol,
             port,
         });

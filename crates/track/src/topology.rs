@@ -168,8 +168,8 @@ pub fn categorize<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kp_model::HintSet;
     use kp_model::{NamespacedName, Protocol, ServicePortName, ServiceType, SessionAffinity};
-    use std::collections::BTreeSet;
 
     fn info(internal_local: bool, external_local: bool, node_port: bool) -> ServicePortInfo {
         ServicePortInfo {
@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn topology_hints() {
-        let zone = |e: &mut Endpoint, z: &str| e.zone_hints = Some(BTreeSet::from([z.to_string()]));
+        let zone = |e: &mut Endpoint, z: &str| e.zone_hints = Some(HintSet::from_iter([z]));
         let mut a = ep(1, false, true, true, false);
         let mut b = ep(2, false, true, true, false);
         zone(&mut a, "za");
@@ -291,8 +291,8 @@ mod tests {
         let c = categorize(&info(false, false, false), &eps2, "n1", &labels);
         assert_eq!(c.cluster.len(), 2);
         // Node hints win over zone hints when every endpoint has them and one names this node.
-        a.node_hints = Some(BTreeSet::from(["n1".to_string()]));
-        b.node_hints = Some(BTreeSet::from(["n2".to_string()]));
+        a.node_hints = Some(HintSet::from_iter(["n1"]));
+        b.node_hints = Some(HintSet::from_iter(["n2"]));
         let eps = vec![a, b];
         let c = categorize(&info(false, false, false), &eps, "n1", &labels);
         assert_eq!(ips(&c.cluster), ["10.0.0.1:80"]);

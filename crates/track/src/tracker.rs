@@ -4,9 +4,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use kp_model::{
-    Changes, Endpoint, EndpointSlice, IpFamily, NamespacedName, Node, ObjectKind, Service,
-    ServicePortInfo, ServicePortName, ServiceType, SliceAddressType, Snapshot, SourceEvent,
-    TrafficPolicy,
+    Changes, Endpoint, EndpointSlice, Interner, IpFamily, NamespacedName, Node, ObjectKind,
+    Protocol, Service, ServicePortInfo, ServicePortName, ServiceType, SliceAddressType, Snapshot,
+    SourceEvent, TrafficPolicy,
 };
 
 /// Node labels that matter for topology-aware routing; a change to one of them (or to the
@@ -30,9 +30,10 @@ pub struct Tracker {
     family: IpFamily,
     node_name: String,
     services: HashMap<NamespacedName, Service>,
-    /// Slices grouped by the Service they belong to, then by slice name (sorted, so merging
-    /// is deterministic).
-    slices: HashMap<NamespacedName, BTreeMap<String, EndpointSlice>>,
+    /// Slices grouped by the Service they belong to, sorted by slice name (so merging is
+    /// deterministic). A Service has few slices, usually one: a sorted `Vec` costs one
+    /// allocation of exactly the slices, where a `BTreeMap` node holds room for eleven.
+    slices: HashMap<NamespacedName, Vec<EndpointSlice>>,
     /// Slice name → Service it currently belongs to (a slice's label may change).
     slice_owner: HashMap<NamespacedName, NamespacedName>,
     node: Option<Node>,
@@ -43,8 +44,9 @@ pub struct Tracker {
     /// ([`Arc::make_mut`]) when the previous checkout's copy is no longer held, else copied
     /// once, so a one-Service change does not copy the maps of every Service.
     current: Arc<Snapshot>,
-    /// ServicePortNames each Service contributed to `current`, for removal on change.
-    ports_of: HashMap<NamespacedName, Vec<ServicePortName>>,
+    /// Shares repeated texts (namespaces, port names, node names, zones, hints) between all
+    /// the objects held.
+    interner: Interner,
     /// Trigger times of slices changed since the last checkout.
     trigger_times: Vec<String>,
     /// Node objects for other nodes were seen (so a missing own Node is worth a warning).
@@ -69,7 +71,7 @@ impl Tracker {
             synced: BTreeSet::new(),
             dirty: BTreeSet::new(),
             full_resync_needed: false,
-            ports_of: HashMap::new(),
+            interner: Interner::new(),
             trigger_times: Vec::new(),
             seen_other_nodes: false,
             warned_no_node: false,
@@ -106,10 +108,12 @@ impl Tracker {
     /// (including the first `Synced` that completes initialization).
     pub fn apply(&mut self, event: SourceEvent) -> bool {
         match event {
-            SourceEvent::ServiceUpsert(svc) => {
+            SourceEvent::ServiceUpsert(mut svc) => {
                 if self.services.get(&svc.name) == Some(&svc) {
                     return false;
                 }
+                self.interner.service(&mut svc);
+                shrink_service(&mut svc);
                 self.dirty.insert(svc.name.clone());
                 self.services.insert(svc.name.clone(), svc);
                 true
@@ -164,10 +168,15 @@ impl Tracker {
         }
     }
 
-    fn upsert_slice(&mut self, slice: EndpointSlice) -> bool {
+    fn upsert_slice(&mut self, mut slice: EndpointSlice) -> bool {
         let previous_owner = self.slice_owner.get(&slice.name).cloned();
         if let Some(owner) = &previous_owner {
-            if self.slices.get(owner).and_then(|m| m.get(&slice.name.name)) == Some(&slice) {
+            if self
+                .slices
+                .get(owner)
+                .and_then(|m| find_slice(m, &slice.name.name).ok().map(|i| &m[i]))
+                == Some(&slice)
+            {
                 return false;
             }
             if *owner != slice.service {
@@ -176,13 +185,21 @@ impl Tracker {
                 self.dirty.insert(owner.clone());
             }
         }
+        self.interner.endpoint_slice(&mut slice);
+        // Share the Service's name with the Service object when it is known.
+        if let Some((name, _)) = self.services.get_key_value(&slice.service) {
+            slice.service = name.clone();
+        }
+        slice.ports.shrink_to_fit();
+        slice.endpoints.shrink_to_fit();
         self.dirty.insert(slice.service.clone());
         self.slice_owner
             .insert(slice.name.clone(), slice.service.clone());
-        self.slices
-            .entry(slice.service.clone())
-            .or_default()
-            .insert(slice.name.name.clone(), slice);
+        let list = self.slices.entry(slice.service.clone()).or_default();
+        match find_slice(list, &slice.name.name) {
+            Ok(i) => list[i] = slice,
+            Err(i) => list.insert(i, slice),
+        }
         true
     }
 
@@ -197,7 +214,9 @@ impl Tracker {
 
     fn remove_slice_from(&mut self, owner: &NamespacedName, slice_name: &str) {
         if let Some(m) = self.slices.get_mut(owner) {
-            m.remove(slice_name);
+            if let Ok(i) = find_slice(m, slice_name) {
+                m.remove(i);
+            }
             if m.is_empty() {
                 self.slices.remove(owner);
             }
@@ -268,7 +287,18 @@ impl Tracker {
     }
 
     fn rebuild_service(&mut self, name: &NamespacedName) {
-        if let Some(old) = self.ports_of.remove(name) {
+        // The Service's ports are a contiguous range of the maps (ServicePortNames order by
+        // Service first; the empty port name and TCP sort first).
+        let first = ServicePortName::new(name.clone(), "", Protocol::Tcp);
+        let old: Vec<ServicePortName> = self
+            .current
+            .services
+            .range(first..)
+            .map(|(spn, _)| spn)
+            .take_while(|spn| spn.service == *name)
+            .cloned()
+            .collect();
+        if !old.is_empty() {
             let current = Arc::make_mut(&mut self.current);
             for spn in old {
                 current.services.remove(&spn);
@@ -282,19 +312,34 @@ impl Tracker {
         if infos.is_empty() {
             return;
         }
-        let mut endpoints = merge_slices(self.slices.get(name), self.family, &self.node_name);
-        let mut names = Vec::with_capacity(infos.len());
+        let mut endpoints = merge_slices(
+            self.slices.get(name).map(Vec::as_slice),
+            self.family,
+            &self.node_name,
+        );
         let current = Arc::make_mut(&mut self.current);
         for info in infos {
             let spn = info.name.clone();
             if let Some(eps) = endpoints.remove(&spn) {
                 current.endpoints.insert(spn.clone(), eps.into());
             }
-            current.services.insert(spn.clone(), Arc::new(info));
-            names.push(spn);
+            current.services.insert(spn, Arc::new(info));
         }
-        self.ports_of.insert(name.clone(), names);
     }
+}
+
+/// The index of the slice named `name` in `slices` (sorted by name), or where it would go.
+fn find_slice(slices: &[EndpointSlice], name: &str) -> Result<usize, usize> {
+    slices.binary_search_by(|s| s.name.name.as_str().cmp(name))
+}
+
+/// Drops the spare capacity of a Service's lists: objects are held until replaced.
+fn shrink_service(svc: &mut Service) {
+    svc.cluster_ips.shrink_to_fit();
+    svc.ports.shrink_to_fit();
+    svc.external_ips.shrink_to_fit();
+    svc.load_balancer_ingress.shrink_to_fit();
+    svc.load_balancer_source_ranges.shrink_to_fit();
 }
 
 /// Builds the ServicePortInfos of `svc` for `family`; empty when the Service is not proxied
@@ -427,7 +472,7 @@ impl EndpointKey {
 /// are ignored, an `ip:port` seen twice is kept once (a local copy wins), and each list is
 /// sorted by its `ip:port` text.
 pub(crate) fn merge_slices(
-    slices: Option<&BTreeMap<String, EndpointSlice>>,
+    slices: Option<&[EndpointSlice]>,
     family: IpFamily,
     node_name: &str,
 ) -> HashMap<ServicePortName, Vec<Endpoint>> {
@@ -435,7 +480,7 @@ pub(crate) fn merge_slices(
     let Some(slices) = slices else {
         return HashMap::new();
     };
-    for slice in slices.values() {
+    for slice in slices {
         let slice_family = match slice.address_type {
             SliceAddressType::V4 => IpFamily::V4,
             SliceAddressType::V6 => IpFamily::V6,
@@ -459,14 +504,8 @@ pub(crate) fn merge_slices(
                     ready: entry.conditions.ready,
                     serving: entry.conditions.serving,
                     terminating: entry.conditions.terminating,
-                    zone_hints: entry
-                        .zone_hints
-                        .as_ref()
-                        .map(|h| h.iter().cloned().collect()),
-                    node_hints: entry
-                        .node_hints
-                        .as_ref()
-                        .map(|h| h.iter().cloned().collect()),
+                    zone_hints: entry.zone_hints.clone(),
+                    node_hints: entry.node_hints.clone(),
                 };
                 let key = EndpointKey::of(&ep);
                 match set.get(&key) {

@@ -414,7 +414,7 @@ fn slice_defaults_and_fields() {
         slice.ports,
         [
             EndpointPort {
-                name: String::new(),
+                name: "".into(),
                 protocol: Protocol::Tcp,
                 port: 8080
             },
@@ -432,8 +432,8 @@ fn slice_defaults_and_fields() {
     assert_eq!(a.conditions, EndpointConditions::default());
     assert_eq!(a.node_name.as_deref(), Some("n1"));
     assert_eq!(a.zone.as_deref(), Some("zone-a"));
-    assert_eq!(a.zone_hints, Some(vec!["zone-a".to_string()]));
-    assert_eq!(a.node_hints, Some(vec!["n1".to_string()]));
+    assert_eq!(a.zone_hints, Some(kp_model::HintSet::from_iter(["zone-a"])));
+    assert_eq!(a.node_hints, Some(kp_model::HintSet::from_iter(["n1"])));
     assert_eq!(
         b.conditions,
         EndpointConditions {

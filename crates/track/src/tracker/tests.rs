@@ -23,7 +23,7 @@ fn svc(name: &str, cluster_ip: &str, ports: &[(&str, u16)]) -> Service {
         ports
             .iter()
             .map(|(n, p)| ServicePortSpec {
-                name: n.to_string(),
+                name: (*n).into(),
                 protocol: Protocol::Tcp,
                 port: *p,
                 node_port: None,
@@ -40,7 +40,7 @@ fn slice(name: &str, service: &str, ports: &[(&str, u16)], eps: &[(&str, &str)])
         ports: ports
             .iter()
             .map(|(n, p)| EndpointPort {
-                name: n.to_string(),
+                name: (*n).into(),
                 protocol: Protocol::Tcp,
                 port: *p,
             })
