@@ -18,7 +18,7 @@ use kp_admin::{
 };
 use kp_model::{Changes, IpFamily, NamespacedName, Node, Snapshot};
 use kp_proxier::{ProxierError, SyncReport};
-use kp_runtime::SyncObserver;
+use kp_runtime::{PendingChanges, SyncObserver};
 use tracing::warn;
 
 /// The shared health and metrics state of the process.
@@ -172,10 +172,22 @@ impl SyncObserver for Observer {
         self.admin.health.updated(family);
     }
 
-    fn queued(&self, family: IpFamily, services: usize) {
+    fn queued(&self, family: IpFamily, pending: PendingChanges) {
         self.admin.health.queued_update(family);
         self.admin.metrics.sync_queued(family);
-        self.admin.metrics.changes_pending(services, 0);
+        // The change metrics have no family label: every family's loop sees the same
+        // objects, so the primary one reports them.
+        if self.primary {
+            self.admin
+                .metrics
+                .changes_pending(pending.services, pending.endpoints);
+        }
+    }
+
+    fn received(&self, _family: IpFamily, services: u64, endpoint_slices: u64) {
+        if self.primary {
+            self.admin.metrics.changes_seen(services, endpoint_slices);
+        }
     }
 
     fn synced(
@@ -190,8 +202,9 @@ impl SyncObserver for Observer {
         let m = &self.admin.metrics;
         let full = result.as_ref().map(|r| r.full).unwrap_or(true);
         m.observe_sync(family, full, duration, result.is_ok());
-        m.changes_pending(0, 0);
-        m.changes_seen(changes.services.len() as u64, 0);
+        if self.primary {
+            m.changes_pending(0, 0);
+        }
         if let Some(node) = node {
             self.admin.health.sync_node(node);
         }

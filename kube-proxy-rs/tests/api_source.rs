@@ -118,6 +118,21 @@ fn api_source_programs_survives_outages_and_relists() {
             .any(|l| l == "kube_proxy_rs_api_server_connected 1"),
         "{metrics}"
     );
+    // The initial list counts as changes of both kinds, and nothing waits after the sync.
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+            .parse()
+            .unwrap()
+    };
+    assert!(value("kubeproxy_sync_proxy_rules_service_changes_total") >= 1.0);
+    assert!(value("kubeproxy_sync_proxy_rules_endpoint_changes_total") >= 1.0);
+    assert_eq!(
+        value("kubeproxy_sync_proxy_rules_endpoint_changes_pending"),
+        0.0
+    );
 
     // The API server goes away: the rules stay exactly as they are.
     let before = nat(&ns);

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use kp_model::{Changes, IpFamily, Node, Snapshot, SourceEvent};
 use kp_proxier::{Proxier, ProxierError, SyncReport};
+pub use kp_track::PendingChanges;
 use kp_track::Tracker;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -86,8 +87,13 @@ pub trait SyncObserver: Send + Sync {
     /// The loop started; upstream's health server counts a family as updated at start-up.
     fn started(&self, _family: IpFamily) {}
 
-    /// Changes are waiting for the next sync: `services` Services have pending changes.
-    fn queued(&self, _family: IpFamily, _services: usize) {}
+    /// Changes are waiting for the next sync; `pending` counts the Services they concern.
+    fn queued(&self, _family: IpFamily, _pending: PendingChanges) {}
+
+    /// A batch of source events changed `services` Service objects and `endpoint_slices`
+    /// EndpointSlices (events that changed nothing are not counted), for upstream's
+    /// `…service_changes_total` and `…endpoint_changes_total` counters.
+    fn received(&self, _family: IpFamily, _services: u64, _endpoint_slices: u64) {}
 
     /// A sync finished, successfully or not, after `duration`. `snapshot` and `changes` are
     /// what it was asked to program; `node` is this node's Node object, if known.
@@ -177,11 +183,24 @@ impl<P: Proxier + 'static> SyncLoop<P> {
                 batch = events.recv(), if events_open => match batch {
                     Some(batch) => {
                         let mut changed = false;
+                        let (mut services, mut slices) = (0u64, 0u64);
                         for ev in batch {
-                            changed |= self.tracker.apply(ev);
+                            let counter = match &ev {
+                                SourceEvent::ServiceUpsert(_) | SourceEvent::ServiceDelete(_) => Some(&mut services),
+                                SourceEvent::SliceUpsert(_) | SourceEvent::SliceDelete(_) => Some(&mut slices),
+                                _ => None,
+                            };
+                            let applied = self.tracker.apply(ev);
+                            if applied && let Some(n) = counter {
+                                *n += 1;
+                            }
+                            changed |= applied;
+                        }
+                        if services + slices > 0 {
+                            self.observer.received(family, services, slices);
                         }
                         if changed && self.tracker.has_pending_changes() {
-                            self.observer.queued(family, self.tracker.pending_services());
+                            self.observer.queued(family, self.tracker.pending());
                         }
                         pending |= changed;
                     }

@@ -242,8 +242,17 @@ impl SyncObserver for Recorder {
     fn started(&self, family: IpFamily) {
         self.0.lock().unwrap().push(format!("started {family}"));
     }
-    fn queued(&self, _family: IpFamily, services: usize) {
-        self.0.lock().unwrap().push(format!("queued {services}"));
+    fn queued(&self, _family: IpFamily, pending: kp_track::PendingChanges) {
+        self.0.lock().unwrap().push(format!(
+            "queued services={} endpoints={}",
+            pending.services, pending.endpoints
+        ));
+    }
+    fn received(&self, _family: IpFamily, services: u64, slices: u64) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("received services={services} slices={slices}"));
     }
     fn synced(
         &self,
@@ -280,13 +289,67 @@ async fn the_observer_sees_start_queue_and_sync() {
     let log = recorder.0.lock().unwrap().clone();
     // `queued` may repeat while changes wait (the initial list completing is one more);
     // health only keeps the oldest.
-    assert_eq!(log.first().map(String::as_str), Some("started IPv4"));
+    assert_eq!(
+        log[..2],
+        ["started IPv4", "received services=2 slices=0"],
+        "{log:?}"
+    );
     assert!(
-        log[1..log.len() - 1].iter().all(|l| l == "queued 2"),
+        log[2..log.len() - 1]
+            .iter()
+            .all(|l| l == "queued services=2 endpoints=0"),
         "{log:?}"
     );
     assert_eq!(
         log.last().map(String::as_str),
         Some("synced ok=true services=2")
+    );
+}
+
+/// Pending and received changes are counted by kind: Service objects and EndpointSlices, a
+/// Service whose object and slices both changed in each; events that change nothing are not
+/// counted.
+#[tokio::test(start_paused = true)]
+async fn the_observer_sees_changes_by_kind() {
+    let slice = |n: &str| {
+        SourceEvent::SliceUpsert(kp_model::EndpointSlice {
+            name: NamespacedName::new("default", n),
+            service: NamespacedName::new("default", "s1"),
+            address_type: kp_model::SliceAddressType::V4,
+            ports: Vec::new(),
+            endpoints: Vec::new(),
+            last_change_trigger_time: None,
+        })
+    };
+    let (tx, rx) = mpsc::channel(8);
+    let recorder = Arc::new(Recorder::default());
+    let sync_loop = SyncLoop::new(
+        Tracker::new(IpFamily::V4, "n1"),
+        FakeProxier(Script::default()),
+        RunnerConfig::default(),
+    )
+    .with_observer(recorder.clone());
+    let handle = tokio::spawn(sync_loop.run(rx, RunMode::Once, std::future::pending()));
+    tx.send(vec![svc(1), slice("s1-a"), slice("s1-b"), svc(2)])
+        .await
+        .unwrap();
+    // The same objects again change nothing.
+    tx.send(vec![svc(1), slice("s1-a")]).await.unwrap();
+    tx.send(synced()).await.unwrap();
+    handle.await.unwrap().unwrap();
+    let log = recorder.0.lock().unwrap().clone();
+    assert_eq!(
+        log[..3],
+        [
+            "started IPv4",
+            "received services=2 slices=2",
+            "queued services=2 endpoints=1",
+        ],
+        "{log:?}"
+    );
+    assert_eq!(
+        log.iter().filter(|l| l.starts_with("received")).count(),
+        1,
+        "{log:?}"
     );
 }

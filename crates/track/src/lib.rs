@@ -19,4 +19,4 @@ mod topology;
 mod tracker;
 
 pub use topology::{Categorized, categorize};
-pub use tracker::Tracker;
+pub use tracker::{PendingChanges, Tracker};

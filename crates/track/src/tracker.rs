@@ -39,6 +39,10 @@ pub struct Tracker {
     node: Option<Node>,
     synced: BTreeSet<ObjectKind>,
     dirty: BTreeSet<NamespacedName>,
+    /// Of `dirty`: Services whose Service object changed, and Services whose EndpointSlices
+    /// changed (upstream's pending service and endpoint changes, for the metrics).
+    dirty_service_objects: BTreeSet<NamespacedName>,
+    dirty_slices: BTreeSet<NamespacedName>,
     full_resync_needed: bool,
     /// The view as of the last checkout, shared with the proxier: changed in place
     /// ([`Arc::make_mut`]) when the previous checkout's copy is no longer held, else copied
@@ -53,6 +57,16 @@ pub struct Tracker {
     seen_other_nodes: bool,
     /// The missing-Node warning was given.
     warned_no_node: bool,
+}
+
+/// How many Services have changes waiting for the next sync, by what changed; a Service whose
+/// object and slices both changed counts in both.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PendingChanges {
+    /// Services whose Service object was added, changed or deleted.
+    pub services: usize,
+    /// Services whose EndpointSlices were added, changed or deleted.
+    pub endpoints: usize,
 }
 
 impl Tracker {
@@ -70,6 +84,8 @@ impl Tracker {
             node: None,
             synced: BTreeSet::new(),
             dirty: BTreeSet::new(),
+            dirty_service_objects: BTreeSet::new(),
+            dirty_slices: BTreeSet::new(),
             full_resync_needed: false,
             interner: Interner::new(),
             trigger_times: Vec::new(),
@@ -99,9 +115,23 @@ impl Tracker {
         !self.dirty.is_empty() || self.full_resync_needed
     }
 
-    /// Number of Services with pending changes (for the `..._changes_pending` metrics).
-    pub fn pending_services(&self) -> usize {
-        self.dirty.len()
+    /// Services with changes waiting for the next checkout, by what changed (upstream's
+    /// `…service_changes_pending` and `…endpoint_changes_pending` metrics).
+    pub fn pending(&self) -> PendingChanges {
+        PendingChanges {
+            services: self.dirty_service_objects.len(),
+            endpoints: self.dirty_slices.len(),
+        }
+    }
+
+    fn service_changed(&mut self, name: NamespacedName) {
+        self.dirty_service_objects.insert(name.clone());
+        self.dirty.insert(name);
+    }
+
+    fn slices_changed(&mut self, name: NamespacedName) {
+        self.dirty_slices.insert(name.clone());
+        self.dirty.insert(name);
     }
 
     /// Applies one event. Returns `true` when it changed something a sync must act on
@@ -114,13 +144,13 @@ impl Tracker {
                 }
                 self.interner.service(&mut svc);
                 shrink_service(&mut svc);
-                self.dirty.insert(svc.name.clone());
+                self.service_changed(svc.name.clone());
                 self.services.insert(svc.name.clone(), svc);
                 true
             }
             SourceEvent::ServiceDelete(name) => {
                 if self.services.remove(&name).is_some() {
-                    self.dirty.insert(name);
+                    self.service_changed(name);
                     true
                 } else {
                     false
@@ -182,7 +212,7 @@ impl Tracker {
             if *owner != slice.service {
                 // The slice moved to another Service: take it out of the old one.
                 self.remove_slice_from(owner, &slice.name.name);
-                self.dirty.insert(owner.clone());
+                self.slices_changed(owner.clone());
             }
         }
         self.interner.endpoint_slice(&mut slice);
@@ -192,7 +222,7 @@ impl Tracker {
         }
         slice.ports.shrink_to_fit();
         slice.endpoints.shrink_to_fit();
-        self.dirty.insert(slice.service.clone());
+        self.slices_changed(slice.service.clone());
         self.slice_owner
             .insert(slice.name.clone(), slice.service.clone());
         let list = self.slices.entry(slice.service.clone()).or_default();
@@ -208,7 +238,7 @@ impl Tracker {
             return false;
         };
         self.remove_slice_from(&owner, &name.name);
-        self.dirty.insert(owner);
+        self.slices_changed(owner);
         true
     }
 
@@ -239,6 +269,8 @@ impl Tracker {
             );
         }
         let dirty = std::mem::take(&mut self.dirty);
+        self.dirty_service_objects.clear();
+        self.dirty_slices.clear();
         for name in &dirty {
             self.rebuild_service(name);
         }
