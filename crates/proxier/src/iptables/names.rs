@@ -156,10 +156,29 @@ pub(crate) fn write_u16(buf: &mut [u8], v: u16) -> usize {
 
 /// A chain name held inline (no allocation): a prefix such as `KUBE-SEP-` and a 16-character
 /// hash. Iptables limits chain names to 28 characters, which every name here fits.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct ChainName {
     len: u8,
+    /// The name, then zeros.
     buf: [u8; 28],
+}
+
+impl std::hash::Hash for ChainName {
+    /// Hashes two words: bytes 5..13 (the end of the prefix, `SVC-` or `SEP-`, and the start
+    /// of the hash) and the last 8 bytes (the end of the hash). Equal names hash equally, and
+    /// names of ours, random in their hash part, spread well; cheaper than all 28 bytes.
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            if let Some(src) = self.buf.get(at..at + 8) {
+                w.copy_from_slice(src);
+            }
+            u64::from_le_bytes(w)
+        };
+        let end = usize::from(self.len).clamp(8, 28);
+        state.write_u64(word(5) ^ u64::from(self.len).rotate_right(8));
+        state.write_u64(word(end - 8));
+    }
 }
 
 impl ChainName {

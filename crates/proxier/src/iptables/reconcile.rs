@@ -284,7 +284,7 @@ fn head_and_tail(
     if zero_first {
         head.push_str("-Z\n");
     }
-    write_decls(&mut head, &filter.chains);
+    head.push_str(filter.chains.declarations());
     head.push_str(filter_head);
     head.push_str(&filter.rules);
     head.push_str("COMMIT\n*nat\n");
@@ -292,7 +292,7 @@ fn head_and_tail(
         head.push_str("-Z\n");
     }
     // A stale chain must be declared (flushing it) before it can be deleted.
-    write_decls(&mut head, &nat.chains);
+    head.push_str(nat.chains.declarations());
     write_decls(&mut head, stale);
     head.push_str(nat_head);
     let mut tail = String::with_capacity(stale.len() * 32 + 8);

@@ -22,6 +22,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::{self, Write as _};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::OnceLock;
 
 use kp_model::{
     Endpoint, IpFamily, NamespacedName, ServicePortInfo, ServicePortName, SessionAffinity, Snapshot,
@@ -100,12 +101,100 @@ impl Default for RenderConfig {
 /// `-A` lines to write into them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TableRules {
-    /// Chain names, in declaration order.
-    pub chains: Vec<String>,
+    /// Chain names, in declaration order (held as their declaration lines).
+    pub chains: ChainList,
     /// `-A …` lines, each ending in `\n`.
     pub rules: String,
     /// Number of lines in `rules`.
     pub rule_count: usize,
+}
+
+/// The suffix of a chain declaration line, after `:NAME`.
+const DECL_SUFFIX: &str = " - [0:0]\n";
+
+/// Chains to declare, in order, held as the `iptables-restore` declaration lines themselves
+/// (`:NAME - [0:0]\n` each): a full sync declares 110k chains at 10,000 Services, and
+/// writing them straight into one buffer costs no allocation per name.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct ChainList {
+    text: String,
+    len: usize,
+}
+
+impl ChainList {
+    /// Appends `name`.
+    pub fn push(&mut self, name: &str) {
+        self.text.push(':');
+        self.text.push_str(name);
+        self.text.push_str(DECL_SUFFIX);
+        self.len += 1;
+    }
+
+    /// Reserves room for `n` more names of up to 28 bytes.
+    pub fn reserve(&mut self, n: usize) {
+        self.text.reserve(n * (1 + 28 + DECL_SUFFIX.len()));
+    }
+
+    /// Number of names.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Removes every name, keeping the buffer.
+    pub fn clear(&mut self) {
+        self.text.clear();
+        self.len = 0;
+    }
+
+    /// The names, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &str> {
+        self.text.lines().map(|l| {
+            l.strip_prefix(':')
+                .and_then(|l| l.strip_suffix(DECL_SUFFIX.trim_end_matches('\n')))
+                .unwrap_or(l)
+        })
+    }
+
+    /// Whether `name` is in the list (a linear scan).
+    pub fn contains(&self, name: &str) -> bool {
+        self.iter().any(|c| c == name)
+    }
+
+    /// The declaration lines, `:NAME - [0:0]\n` per name, in order.
+    pub fn declarations(&self) -> &str {
+        &self.text
+    }
+}
+
+impl fmt::Debug for ChainList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl FromIterator<String> for ChainList {
+    fn from_iter<T: IntoIterator<Item = String>>(iter: T) -> Self {
+        let mut list = ChainList::default();
+        for name in iter {
+            list.push(&name);
+        }
+        list
+    }
+}
+
+impl<'a> FromIterator<&'a str> for ChainList {
+    fn from_iter<T: IntoIterator<Item = &'a str>>(iter: T) -> Self {
+        let mut list = ChainList::default();
+        for name in iter {
+            list.push(name);
+        }
+        list
+    }
 }
 
 /// A fast, non-cryptographic hasher for sets of chain names and cache keys (the FxHash
@@ -149,47 +238,76 @@ impl Hasher for FastHasher {
 pub type FastBuild = BuildHasherDefault<FastHasher>;
 
 /// A set of chain names, held inline ([`ChainName`]: no allocation per name).
-#[derive(Clone, Default, PartialEq, Eq)]
+///
+/// Names are appended to a list; the hash set that answers [`contains`](Self::contains) is
+/// built on the first look-up. A cold full sync on a node without our chains never looks
+/// anything up, so it never pays for hashing 110k names.
+#[derive(Clone, Default)]
 pub struct ChainSet {
-    inner: HashSet<ChainName, FastBuild>,
+    /// Names in insertion order (duplicates possible; the look-up set removes them).
+    names: Vec<ChainName>,
+    /// The same names as a set, built on first use and kept up to date after.
+    lookup: OnceLock<HashSet<ChainName, FastBuild>>,
 }
 
 impl ChainSet {
     /// Adds a name.
-    pub fn insert_name(&mut self, name: ChainName) -> bool {
-        self.inner.insert(name)
+    pub fn insert_name(&mut self, name: ChainName) {
+        if let Some(set) = self.lookup.get_mut()
+            && !set.insert(name)
+        {
+            return;
+        }
+        self.names.push(name);
     }
 
     /// Adds a name given as text (at most 28 bytes, the iptables limit; longer text is cut).
-    pub fn insert(&mut self, name: &str) -> bool {
-        self.inner.insert(ChainName::from_text(name))
+    pub fn insert(&mut self, name: &str) {
+        self.insert_name(ChainName::from_text(name));
+    }
+
+    /// The names as a hash set (built on the first call).
+    fn lookup(&self) -> &HashSet<ChainName, FastBuild> {
+        self.lookup.get_or_init(|| {
+            let mut set = HashSet::with_capacity_and_hasher(self.names.len(), FastBuild::default());
+            set.extend(self.names.iter().copied());
+            set
+        })
     }
 
     /// Whether `name` is in the set.
     pub fn contains(&self, name: &str) -> bool {
-        name.len() <= 28 && self.inner.contains(&ChainName::from_text(name))
+        name.len() <= 28 && self.lookup().contains(&ChainName::from_text(name))
     }
 
     /// Names in the set.
     pub fn len(&self) -> usize {
-        self.inner.len()
+        self.lookup().len()
     }
 
     /// Whether the set is empty.
     pub fn is_empty(&self) -> bool {
-        self.inner.is_empty()
+        self.names.is_empty()
     }
 
     /// Reserves room for `n` more names.
     pub fn reserve(&mut self, n: usize) {
-        self.inner.reserve(n);
+        self.names.reserve(n);
     }
 
     /// The names, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = &str> {
-        self.inner.iter().map(ChainName::as_str)
+        self.lookup().iter().map(ChainName::as_str)
     }
 }
+
+impl PartialEq for ChainSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.lookup() == other.lookup()
+    }
+}
+
+impl Eq for ChainSet {}
 
 impl fmt::Debug for ChainSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -638,7 +756,9 @@ pub fn render_cached(
         }
         cache.key = Some(key);
     }
-    let total_endpoints: usize = with_endpoints(snap).map(|(_, _, e)| e.len()).sum();
+    // One walk of the two maps, kept for the render loop below.
+    let services: Vec<_> = with_endpoints(snap).collect();
+    let total_endpoints: usize = services.iter().map(|(_, _, e)| e.len()).sum();
     let large_cluster = total_endpoints > LARGE_CLUSTER_ENDPOINTS;
     let (masq_src, masq_iface) = match &cfg.local {
         Some(LocalMatch::Source(net)) => (format!(" ! -s {net}"), String::new()),
@@ -668,32 +788,39 @@ pub fn render_cached(
         ..Rendered::default()
     };
     let mut filter = TableRules {
-        chains: FILTER_CHAINS.iter().map(|c| c.to_string()).collect(),
+        chains: FILTER_CHAINS.into_iter().collect(),
         ..TableRules::default()
     };
     if cfg.kube_firewall {
-        filter.chains.push(KUBE_FIREWALL.to_string());
+        filter.chains.push(KUBE_FIREWALL);
     }
-    let mut nat = TableRules {
-        chains: NAT_CHAINS.iter().map(|c| c.to_string()).collect(),
-        ..TableRules::default()
-    };
+    // The fixed nat chains are declared first; the per-Service ones follow in `svc_nat`.
+    let mut nat = TableRules::default();
     // Size the buffers for what is written (untouched capacity costs no memory).
     let written = match only {
         None => snap.services.len(),
         Some(set) => set.len(),
     };
-    let per_ep = if ctx.comments { 420 } else { 240 };
+    // Bytes per endpoint (statistic, masquerade and DNAT lines) and per Service (entry and
+    // masquerade rules), measured on typical rulesets, with some slack.
+    let per_ep = if ctx.comments { 460 } else { 280 };
     let avg_eps = total_endpoints / snap.services.len().max(1) + 1;
     nat.rules.reserve(snap.services.len() * 240 + 1024);
     out.active_nat_chains
         .reserve(snap.services.len() + total_endpoints);
     // Per-Service chains go to a separate buffer so that KUBE-SERVICES lines come first,
     // then the chains in Service order (easier to read, like upstream's output).
-    let mut svc_nat = TableRules::default();
-    svc_nat.rules.reserve(
-        written.min(snap.services.len()) * (300 + per_ep * avg_eps) + snap.services.len() * 240,
-    );
+    let mut svc_nat = TableRules {
+        chains: NAT_CHAINS.into_iter().collect(),
+        ..TableRules::default()
+    };
+    // Room for what is moved in front of these rules: the entry rules here, then the
+    // payload's head (chain declarations, filter table) in `reconcile`, so that neither
+    // move reallocates (a reallocation copies the 30 MB and touches fresh pages).
+    let head_room = snap.services.len() * 240 + 40 * (2 * snap.services.len() + total_endpoints);
+    svc_nat
+        .rules
+        .reserve(written.min(snap.services.len()) * (300 + per_ep * avg_eps) + head_room);
     if only.is_none() {
         svc_nat
             .chains
@@ -711,15 +838,23 @@ pub fn render_cached(
     }
 
     let mut skipped_rules = 0;
-    for (spn, svc, endpoints) in with_endpoints(snap) {
+    let cold = cache.services.is_empty();
+    cache
+        .services
+        .reserve(snap.services.len().saturating_sub(cache.services.len()));
+    for (spn, svc, endpoints) in services {
         let write = only.is_none_or(|set| set.contains(&spn.service));
-        if !cache.services.contains_key(spn) {
+        // One look-up per Service when the cache started empty (a cold render), two else.
+        let entry = if !cold && cache.services.contains_key(spn) {
+            let Some(entry) = cache.services.get_mut(spn) else {
+                continue;
+            };
+            entry
+        } else {
             cache
                 .services
-                .insert(spn.clone(), CachedService::fresh(spn));
-        }
-        let Some(entry) = cache.services.get_mut(spn) else {
-            continue;
+                .entry(spn.clone())
+                .or_insert_with(|| CachedService::fresh(spn))
         };
         if write {
             write_service(
@@ -799,7 +934,7 @@ pub fn render_cached(
         .arg("-m conntrack --ctstate RELATED,ESTABLISHED")
         .end("ACCEPT");
 
-    nat.chains.append(&mut svc_nat.chains);
+    nat.chains = std::mem::take(&mut svc_nat.chains);
     // The per-Service chains are most of the text: move the entry rules in front of them
     // within their buffer rather than copying them into a second one.
     let mut rules = std::mem::take(&mut svc_nat.rules);
@@ -1128,7 +1263,7 @@ fn write_service(
 
     if f.uses_ext_chain {
         flags |= USES_EXT;
-        nat.chains.push(names.ext.to_string());
+        nat.chains.push(&names.ext);
         active.insert_name(names.ext);
         if !svc.external_policy_local {
             Line::new(nat, &names.ext)
@@ -1171,7 +1306,7 @@ fn write_service(
 
     if f.uses_fw_chain {
         flags |= USES_FW;
-        nat.chains.push(names.fw.to_string());
+        nat.chains.push(&names.fw);
         active.insert_name(names.fw);
         let comment = format!("{spn_s} loadbalancer IP");
         let mut allow_from_node = false;
@@ -1244,8 +1379,10 @@ fn write_service(
             continue;
         }
         flags |= bit;
-        nat.chains.push(chain.to_string());
         active.insert_name(*chain);
+        // As text once: a `ChainName` checks its bytes each time it is read as `&str`.
+        let chain = chain.as_str();
+        nat.chains.push(chain);
         if let Some(timeout) = affinity {
             let mut cursor = 0;
             for ep in list.iter() {
@@ -1297,7 +1434,7 @@ fn write_service(
         kp_model::Protocol::Sctp => " -p sctp -m sctp -j DNAT --to-destination ",
     };
     for ((ep, name), sep) in eps.all_reachable.iter().zip(seps.iter()).zip(texts.iter()) {
-        nat.chains.push(sep.clone());
+        nat.chains.push(sep);
         active.insert_name(*name);
         if !ctx.comments && affinity.is_none() {
             let r = &mut nat.rules;

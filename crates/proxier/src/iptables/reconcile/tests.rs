@@ -6,7 +6,7 @@ use crate::iptables::render::TableRules;
 fn rendered(nat_chains: &[&str], active: &[&str]) -> Rendered {
     Rendered {
         filter: TableRules {
-            chains: vec!["KUBE-SERVICES".into(), "KUBE-FIREWALL".into()],
+            chains: ["KUBE-SERVICES", "KUBE-FIREWALL"].into_iter().collect(),
             rules: "-A KUBE-FIREWALL -j DROP\n".into(),
             rule_count: 1,
         },

@@ -56,12 +56,12 @@ fn cluster_cidr() -> RenderConfig {
 
 fn text(r: &Rendered) -> String {
     let mut s = String::from("*filter\n");
-    for c in &r.filter.chains {
+    for c in r.filter.chains.iter() {
         s.push_str(&format!(":{c} - [0:0]\n"));
     }
     s.push_str(&r.filter.rules);
     s.push_str("COMMIT\n*nat\n");
-    for c in &r.nat.chains {
+    for c in r.nat.chains.iter() {
         s.push_str(&format!(":{c} - [0:0]\n"));
     }
     s.push_str(&r.nat.rules);
