@@ -15,7 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
-use kp_model::{NamespacedName, Protocol, Snapshot};
+use kp_model::{Changes, NamespacedName, Protocol, Snapshot};
 use kp_netlink::{ConntrackOps, Family, Flow, proto};
 
 /// What a Service port's UDP entries may legitimately point to.
@@ -119,6 +119,62 @@ pub fn cleanup_udp(
         }
     }
     Ok(deleted)
+}
+
+/// The UDP conntrack cleanup as a proxier runs it after each successful sync: it remembers
+/// which Services had UDP ports at the previous sync, and cleans up after a full sync or
+/// when a changed Service has (or had) a UDP port. Without netlink access
+/// ([`UdpCleanup::disabled`]) it does nothing.
+#[derive(Default)]
+pub struct UdpCleanup {
+    ops: Option<Box<dyn ConntrackOps + Send>>,
+    udp_services: HashSet<NamespacedName>,
+}
+
+impl UdpCleanup {
+    /// A cleanup that never touches conntrack.
+    pub fn disabled() -> Self {
+        Self::default()
+    }
+
+    /// A cleanup that deletes stale entries through `ops`.
+    pub fn new(ops: Box<dyn ConntrackOps + Send>) -> Self {
+        UdpCleanup {
+            ops: Some(ops),
+            udp_services: HashSet::new(),
+        }
+    }
+
+    /// Runs after a successful sync of `snap` with `changes` (`full`: a full sync); returns
+    /// how many entries were deleted. A failure is logged, not returned: the sync itself
+    /// stands, and the entries expire on their own.
+    pub fn after_sync(&mut self, snap: &Snapshot, changes: &Changes, full: bool) -> usize {
+        let now = udp_services(snap);
+        let needed = full
+            || changes
+                .services
+                .iter()
+                .any(|s| now.contains(s) || self.udp_services.contains(s));
+        self.udp_services = now;
+        let Some(ops) = self.ops.as_mut() else {
+            return 0;
+        };
+        if !needed {
+            return 0;
+        }
+        match cleanup_udp(ops.as_mut(), snap) {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(family = %snap.family, deleted = n, "deleted stale UDP conntrack entries");
+                }
+                n
+            }
+            Err(e) => {
+                tracing::warn!(family = %snap.family, error = %e, "UDP conntrack cleanup failed; stale entries may remain until they expire");
+                0
+            }
+        }
+    }
 }
 
 #[cfg(test)]

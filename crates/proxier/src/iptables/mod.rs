@@ -11,7 +11,6 @@ pub mod names;
 pub mod reconcile;
 pub mod render;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -72,10 +71,8 @@ pub struct IptablesProxier<I: Iptables> {
     cache: RenderCache,
     /// Start full-sync payloads with `-Z` (see [`Self::with_zero_counters_on_full_sync`]).
     zero_counters_on_full_sync: bool,
-    /// Netlink conntrack, for the UDP stale-entry cleanup (none: cleanup disabled).
-    conntrack: Option<Box<dyn ConntrackOps + Send>>,
-    /// UDP Services as of the last successful sync (a deleted one needs a cleanup too).
-    udp_services: HashSet<kp_model::NamespacedName>,
+    /// The UDP stale-entry cleanup after syncs (disabled without netlink conntrack).
+    conntrack: crate::conntrack::UdpCleanup,
 }
 
 impl<I: Iptables> std::fmt::Debug for IptablesProxier<I> {
@@ -125,14 +122,13 @@ impl<I: Iptables> IptablesProxier<I> {
             previous_chains: ChainSet::default(),
             cache: RenderCache::new(),
             zero_counters_on_full_sync: false,
-            conntrack: None,
-            udp_services: HashSet::new(),
+            conntrack: crate::conntrack::UdpCleanup::disabled(),
         })
     }
 
     /// Enables the UDP stale-conntrack cleanup after syncs (see [`crate::conntrack`]).
     pub fn with_conntrack(mut self, ops: Box<dyn ConntrackOps + Send>) -> Self {
-        self.conntrack = Some(ops);
+        self.conntrack = crate::conntrack::UdpCleanup::new(ops);
         self
     }
 
@@ -308,38 +304,7 @@ pub fn kernel_table(text: &str, table: Table) -> Result<KernelTable, ProxierErro
     Ok(out)
 }
 
-impl<I: Iptables> IptablesProxier<I> {
-    /// After a successful sync: when a UDP Service changed (or on a full sync), delete the
-    /// UDP conntrack entries that point where traffic no longer goes. A failure is logged;
-    /// the sync itself stands.
-    fn cleanup_conntrack(&mut self, snap: &Snapshot, changes: &Changes, full: bool) -> usize {
-        let now = crate::conntrack::udp_services(snap);
-        let needed = full
-            || changes
-                .services
-                .iter()
-                .any(|s| now.contains(s) || self.udp_services.contains(s));
-        self.udp_services = now;
-        let Some(ops) = self.conntrack.as_mut() else {
-            return 0;
-        };
-        if !needed {
-            return 0;
-        }
-        match crate::conntrack::cleanup_udp(ops.as_mut(), snap) {
-            Ok(n) => {
-                if n > 0 {
-                    info!(family = %self.family, deleted = n, "deleted stale UDP conntrack entries");
-                }
-                n
-            }
-            Err(e) => {
-                warn!(family = %self.family, error = %e, "UDP conntrack cleanup failed; stale entries may remain until they expire");
-                0
-            }
-        }
-    }
-}
+impl<I: Iptables> IptablesProxier<I> {}
 
 impl<I: Iptables> Proxier for IptablesProxier<I> {
     fn mode(&self) -> ProxyMode {
@@ -388,7 +353,7 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
         let apply_time = t1.elapsed() + read_time;
         self.needs_full = false;
         self.previous_chains = rendered.active_nat_chains;
-        let conntrack_deleted = self.cleanup_conntrack(snap, changes, full);
+        let conntrack_deleted = self.conntrack.after_sync(snap, changes, full);
         let report = SyncReport {
             family: Some(self.family),
             full,

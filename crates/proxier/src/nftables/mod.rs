@@ -20,7 +20,6 @@ pub mod names;
 pub mod reconcile;
 pub mod render;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -80,10 +79,8 @@ pub struct NftablesProxier<N: Nft> {
     needs_full: bool,
     /// What the last successful sync left in the table.
     state: State,
-    /// Netlink conntrack, for the UDP stale-entry cleanup (none: cleanup disabled).
-    conntrack: Option<Box<dyn ConntrackOps + Send>>,
-    /// UDP Services as of the last successful sync (a deleted one needs a cleanup too).
-    udp_services: HashSet<kp_model::NamespacedName>,
+    /// The UDP stale-entry cleanup after syncs (disabled without netlink conntrack).
+    conntrack: crate::conntrack::UdpCleanup,
     /// Whether "no address accepts NodePorts" was logged already.
     warned_no_nodeport_ips: bool,
 }
@@ -135,15 +132,14 @@ impl<N: Nft> NftablesProxier<N> {
             host,
             needs_full: true,
             state: State::default(),
-            conntrack: None,
-            udp_services: HashSet::new(),
+            conntrack: crate::conntrack::UdpCleanup::disabled(),
             warned_no_nodeport_ips: false,
         })
     }
 
     /// Enables the UDP stale-conntrack cleanup after syncs (see [`crate::conntrack`]).
     pub fn with_conntrack(mut self, ops: Box<dyn ConntrackOps + Send>) -> Self {
-        self.conntrack = Some(ops);
+        self.conntrack = crate::conntrack::UdpCleanup::new(ops);
         self
     }
 
@@ -187,37 +183,6 @@ impl<N: Nft> NftablesProxier<N> {
                 .for_family(self.family, &snap.node_pod_cidrs),
             nodeport_ips,
         })
-    }
-
-    /// After a successful sync: when a UDP Service changed (or on a full sync), delete the
-    /// UDP conntrack entries that point where traffic no longer goes. A failure is logged;
-    /// the sync itself stands.
-    fn cleanup_conntrack(&mut self, snap: &Snapshot, changes: &Changes, full: bool) -> usize {
-        let now = crate::conntrack::udp_services(snap);
-        let needed = full
-            || changes
-                .services
-                .iter()
-                .any(|s| now.contains(s) || self.udp_services.contains(s));
-        self.udp_services = now;
-        let Some(ops) = self.conntrack.as_mut() else {
-            return 0;
-        };
-        if !needed {
-            return 0;
-        }
-        match crate::conntrack::cleanup_udp(ops.as_mut(), snap) {
-            Ok(n) => {
-                if n > 0 {
-                    info!(family = %self.family, deleted = n, "deleted stale UDP conntrack entries");
-                }
-                n
-            }
-            Err(e) => {
-                warn!(family = %self.family, error = %e, "UDP conntrack cleanup failed; stale entries may remain until they expire");
-                0
-            }
-        }
     }
 }
 
@@ -280,7 +245,7 @@ impl<N: Nft> Proxier for NftablesProxier<N> {
         }
         apply_time += t1.elapsed();
         self.needs_full = false;
-        let conntrack_deleted = self.cleanup_conntrack(snap, changes, full);
+        let conntrack_deleted = self.conntrack.after_sync(snap, changes, full);
         let report = SyncReport {
             family: Some(self.family),
             full,
