@@ -48,8 +48,8 @@ use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
-pub use kp_model::ProxyMode;
 use kp_model::IpFamily;
+pub use kp_model::ProxyMode;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
@@ -64,7 +64,6 @@ use crate::server::{AdminServer, ServeOptions};
 
 /// Upstream's default `--metrics-bind-address` port.
 pub const DEFAULT_METRICS_PORT: u16 = 10249;
-
 
 /// The `traffic_policy` label of `kubeproxy_sync_proxy_rules_no_local_endpoints_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
