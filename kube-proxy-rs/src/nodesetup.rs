@@ -30,6 +30,8 @@ pub struct ConntrackSettings {
     pub udp: Duration,
     /// `--conntrack-udp-timeout-stream` (0: leave as is).
     pub udp_stream: Duration,
+    /// `--conntrack-tcp-be-liberal`: also sets `nf_conntrack_tcp_be_liberal` to 1.
+    pub tcp_be_liberal: bool,
 }
 
 impl ConntrackSettings {
@@ -42,6 +44,7 @@ impl ConntrackSettings {
             tcp_close_wait: args.conntrack_tcp_timeout_close_wait,
             udp: args.conntrack_udp_timeout,
             udp_stream: args.conntrack_udp_timeout_stream,
+            tcp_be_liberal: args.conntrack_tcp_be_liberal,
         }
     }
 
@@ -68,13 +71,41 @@ impl ConntrackSettings {
             if d.as_secs() > 0 {
                 out.push((name, d.as_secs()));
             }
+            if name == "nf_conntrack_tcp_timeout_close_wait" && self.tcp_be_liberal {
+                out.push(("nf_conntrack_tcp_be_liberal", 1));
+            }
         }
         out
     }
 }
 
-/// The number of CPUs this process may run on (Go's `runtime.NumCPU`, which upstream uses).
+/// Counts the CPUs of a kernel CPU list such as `0-3,8,10-11`.
+pub fn count_cpu_list(list: &str) -> Option<u64> {
+    let mut n = 0u64;
+    for part in list.trim().split(',').filter(|p| !p.is_empty()) {
+        n += match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b) = (a.parse::<u64>().ok()?, b.parse::<u64>().ok()?);
+                b.checked_sub(a)? + 1
+            }
+            None => {
+                part.parse::<u64>().ok()?;
+                1
+            }
+        };
+    }
+    (n > 0).then_some(n)
+}
+
+/// The node's CPU count, as upstream counts it: the machine's online CPUs
+/// (`/sys/devices/system/cpu/online`), else the CPUs this process may run on.
 pub fn cpu_count() -> u64 {
+    if let Some(n) = std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|t| count_cpu_list(&t))
+    {
+        return n;
+    }
     match nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)) {
         Ok(set) => {
             let n = (0..nix::sched::CpuSet::count())
@@ -207,7 +238,17 @@ mod tests {
             tcp_close_wait: Duration::from_secs(3600),
             udp: Duration::ZERO,
             udp_stream: Duration::ZERO,
+            tcp_be_liberal: false,
         }
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(count_cpu_list("0-1\n"), Some(2));
+        assert_eq!(count_cpu_list("0-3,8,10-11"), Some(7));
+        assert_eq!(count_cpu_list("0"), Some(1));
+        assert_eq!(count_cpu_list(""), None);
+        assert_eq!(count_cpu_list("x"), None);
     }
 
     #[test]
@@ -238,6 +279,15 @@ mod tests {
                 ("nf_conntrack_tcp_timeout_close_wait", 3600),
                 ("nf_conntrack_udp_timeout", 30),
             ]
+        );
+        let liberal = ConntrackSettings {
+            tcp_be_liberal: true,
+            ..defaults()
+        };
+        assert!(
+            liberal
+                .sysctls(1)
+                .contains(&("nf_conntrack_tcp_be_liberal", 1))
         );
     }
 

@@ -193,6 +193,7 @@ fn init_only_sets_conntrack_sysctls_in_its_namespace() {
             "--conntrack-tcp-timeout-close-wait=0",
             "--conntrack-udp-timeout=33s",
             "--conntrack-udp-timeout-stream=2m30s",
+            "--conntrack-tcp-be-liberal",
             // nf_conntrack_max is global: left alone here, whatever the kernel allows.
             "--conntrack-max-per-core=0",
         ])
@@ -212,6 +213,12 @@ fn init_only_sets_conntrack_sysctls_in_its_namespace() {
             .unwrap()
             .trim(),
         "150"
+    );
+    assert_eq!(
+        ns.read_sysctl("net.netfilter.nf_conntrack_tcp_be_liberal")
+            .unwrap()
+            .trim(),
+        "1"
     );
     // The root namespace's value is untouched.
     assert_eq!(
