@@ -2,11 +2,12 @@
 //! command line with every upstream flag, the bind-address checks, and the conntrack
 //! sysctls applied inside a network namespace the test creates (never the root one).
 
+mod common;
+
 use std::process::Command;
 
+use common::{BIN, Daemon, Mode, NODE_ARGS};
 use kp_testkit::{Netns, require_root};
-
-const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
 const SEED: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../examples/seed-nginx/cluster.yaml"
@@ -170,7 +171,10 @@ fn init_only_sets_conntrack_sysctls_in_its_namespace() {
         return;
     }
     let key = "net.netfilter.nf_conntrack_tcp_timeout_established";
-    let _ = Command::new("modprobe").arg("nf_conntrack").status();
+    let _ = Command::new("modprobe")
+        .arg("nf_conntrack")
+        .stderr(std::process::Stdio::null())
+        .status();
     let ns = Netns::new("conntrack").unwrap();
     let Ok(before) = ns.read_sysctl(key) else {
         eprintln!("skipped: no nf_conntrack in this kernel");
@@ -237,4 +241,41 @@ fn init_only_sets_conntrack_sysctls_in_its_namespace() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(ns.read_sysctl(key).unwrap().trim(), "86400");
+}
+
+#[test]
+fn daemon_sets_conntrack_sysctls_and_oom_score_adj() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("ct-daemon").unwrap();
+    let key = "net.netfilter.nf_conntrack_tcp_timeout_close_wait";
+    if ns.read_sysctl(key).is_err() {
+        eprintln!("skipped: no nf_conntrack in this kernel");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = vec![
+        "--manifests",
+        SEED,
+        // Raising needs no privilege (lowering needs CAP_SYS_RESOURCE, which a CI
+        // container may not have: then it is a warning, see nodesetup's unit tests).
+        "--oom-score-adj=500",
+        "--conntrack-tcp-timeout-close-wait=1234s",
+        "--conntrack-max-per-core=0",
+    ];
+    args.extend(NODE_ARGS);
+    let mut proxy = Daemon::start(Mode::Iptables, &ns, dir.path(), &args, None);
+    proxy.wait_programmed(&ns);
+    assert_eq!(ns.read_sysctl(key).unwrap().trim(), "1234");
+    // The default established timeout (24h) is applied too.
+    assert_eq!(
+        ns.read_sysctl("net.netfilter.nf_conntrack_tcp_timeout_established")
+            .unwrap()
+            .trim(),
+        "86400"
+    );
+    let oom = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", proxy.guard.id())).unwrap();
+    assert_eq!(oom.trim(), "500", "{}", proxy.log());
+    assert!(proxy.is_running(), "{}", proxy.log());
 }
