@@ -297,6 +297,268 @@ pub struct ProxyArgs {
     /// Log verbosity like klog's -v: 0-1 info, 2-3 debug, 4+ trace (RUST_LOG overrides).
     #[arg(short = 'v', long = "v", default_value_t = 0, value_name = "N")]
     pub verbosity: u8,
+
+    /// Overrides the node's primary IP (upstream's historical name: no socket is bound to
+    /// it). Validated; `0.0.0.0` / `::` means "detect".
+    #[arg(long, default_value = "0.0.0.0", value_name = "IP")]
+    pub bind_address: std::net::IpAddr,
+
+    /// Feature gates, `Name=bool` comma-separated (upstream's syntax). Known gates that
+    /// concern kube-proxy are logged; unknown gates get a warning.
+    #[arg(long, value_name = "NAME=BOOL,...", value_delimiter = ',', value_parser = parse_feature_gate)]
+    pub feature_gates: Vec<(String, bool)>,
+
+    /// The oom_score_adj of the process, -1000..=1000, written to /proc/self/oom_score_adj
+    /// when the daemon starts (a warning if it cannot be written).
+    #[arg(long, default_value_t = -999, allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-1000..=1000))]
+    pub oom_score_adj: i32,
+
+    /// Conntrack entries per CPU: nf_conntrack_max = max(this × CPUs, --conntrack-min);
+    /// 0 leaves nf_conntrack_max as it is (and ignores --conntrack-min).
+    #[arg(long, default_value_t = 32768, value_parser = clap::value_parser!(i32).range(0..))]
+    pub conntrack_max_per_core: i32,
+
+    /// Minimum nf_conntrack_max, whatever --conntrack-max-per-core gives.
+    #[arg(long, default_value_t = 131072, value_parser = clap::value_parser!(i32).range(0..))]
+    pub conntrack_min: i32,
+
+    /// nf_conntrack_tcp_timeout_established (Go duration; 0 leaves it as it is).
+    #[arg(long, default_value = "24h0m0s", value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_established: Duration,
+
+    /// nf_conntrack_tcp_timeout_close_wait (Go duration; 0 leaves it as it is).
+    #[arg(long, default_value = "1h0m0s", value_parser = parse_duration)]
+    pub conntrack_tcp_timeout_close_wait: Duration,
+
+    /// nf_conntrack_udp_timeout, for unreplied UDP flows (Go duration; 0 leaves it as it is).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub conntrack_udp_timeout: Duration,
+
+    /// nf_conntrack_udp_timeout_stream, for assured UDP flows (Go duration; 0 leaves it).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    pub conntrack_udp_timeout_stream: Duration,
+
+    /// Apply the one-time node settings (the conntrack sysctls) and exit.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
+    pub init_only: bool,
+
+    /// Deprecated upstream: the /healthz port (0 disables); used only when
+    /// --healthz-bind-address has no port.
+    #[arg(long, value_name = "PORT", hide = true, value_parser = clap::value_parser!(u16))]
+    pub healthz_port: Option<u16>,
+
+    /// Deprecated upstream: the /metrics port (0 disables); used only when
+    /// --metrics-bind-address has no port.
+    #[arg(long, value_name = "PORT", hide = true, value_parser = clap::value_parser!(u16))]
+    pub metrics_port: Option<u16>,
+
+    /// Upstream flags accepted for compatibility that have no effect here.
+    #[command(flatten)]
+    pub compat: CompatArgs,
+}
+
+/// Upstream kube-proxy flags that kube-proxy-rs accepts with upstream's syntax and defaults
+/// but that have no effect (each one given is logged at start). Hidden from `--help`;
+/// docs/flags.md lists them.
+#[derive(Debug, Args)]
+pub struct CompatArgs {
+    /// How often configuration from the API server is refreshed (watches are used instead).
+    #[arg(long, default_value = "15m0s", value_parser = parse_duration, hide = true)]
+    pub config_sync_period: Duration,
+
+    /// Content type of API requests (kube-proxy-rs speaks JSON).
+    #[arg(
+        long,
+        default_value = "application/vnd.kubernetes.protobuf",
+        hide = true
+    )]
+    pub kube_api_content_type: String,
+
+    /// Client QPS to the API server (kube-proxy-rs only lists and watches).
+    #[arg(long, default_value_t = 5.0, hide = true)]
+    pub kube_api_qps: f32,
+
+    /// Client burst to the API server.
+    #[arg(long, default_value_t = 10, hide = true)]
+    pub kube_api_burst: i32,
+
+    /// pprof on /debug/pprof (not in kube-proxy-rs).
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set, hide = true)]
+    pub profiling: bool,
+
+    /// Show metrics hidden since that version (`<major>.<minor>`); nothing is hidden here.
+    #[arg(long, default_value = "", value_name = "VERSION", hide = true)]
+    pub show_hidden_metrics_for_version: String,
+
+    /// Removed upstream with the userspace mode; accepted so old manifests keep working.
+    #[arg(long, default_value = "", value_name = "RANGE", hide = true)]
+    pub proxy_port_range: String,
+
+    /// IPVS mode (not built): sync period.
+    #[arg(long, default_value = "30s", value_parser = parse_duration, hide = true)]
+    pub ipvs_sync_period: Duration,
+
+    /// IPVS mode: minimum sync period.
+    #[arg(long, default_value = "1s", value_parser = parse_duration, hide = true)]
+    pub ipvs_min_sync_period: Duration,
+
+    /// IPVS mode: scheduler.
+    #[arg(long, default_value = "", hide = true)]
+    pub ipvs_scheduler: String,
+
+    /// IPVS mode: CIDRs left alone at cleanup.
+    #[arg(long, value_delimiter = ',', hide = true)]
+    pub ipvs_exclude_cidrs: Vec<String>,
+
+    /// IPVS mode: strict ARP.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set, hide = true)]
+    pub ipvs_strict_arp: bool,
+
+    /// IPVS mode: idle TCP timeout.
+    #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
+    pub ipvs_tcp_timeout: Duration,
+
+    /// IPVS mode: TCP FIN timeout.
+    #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
+    pub ipvs_tcpfin_timeout: Duration,
+
+    /// IPVS mode: UDP timeout.
+    #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
+    pub ipvs_udp_timeout: Duration,
+
+    /// Log format: `text` (the only one here) or `json` (accepted, logs stay text).
+    #[arg(long, default_value = "text", value_parser = ["text", "json"], hide = true)]
+    pub logging_format: String,
+
+    /// Maximum time between log flushes (logs are written unbuffered here).
+    #[arg(long, default_value = "5s", value_parser = parse_duration, hide = true)]
+    pub log_flush_frequency: Duration,
+
+    /// Per-file verbosity, `pattern=N` comma-separated (use RUST_LOG instead).
+    #[arg(long, value_delimiter = ',', hide = true)]
+    pub vmodule: Vec<String>,
+
+    /// Text logs: info to stdout, errors to stderr.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set, hide = true)]
+    pub log_text_split_stream: bool,
+
+    /// Text logs: info buffer size.
+    #[arg(long, default_value = "0", hide = true)]
+    pub log_text_info_buffer_size: String,
+
+    /// JSON logs: info to stdout, errors to stderr.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set, hide = true)]
+    pub log_json_split_stream: bool,
+
+    /// JSON logs: info buffer size.
+    #[arg(long, default_value = "0", hide = true)]
+    pub log_json_info_buffer_size: String,
+
+    /// klog: add the file directory to log headers.
+    #[arg(long = "add_dir_header", default_value = "false", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, hide = true)]
+    pub add_dir_header: bool,
+
+    /// klog: log to stderr as well as files.
+    #[arg(long = "alsologtostderr", default_value = "false", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, hide = true)]
+    pub alsologtostderr: bool,
+
+    /// klog: emit a stack trace at `file:N`.
+    #[arg(long = "log_backtrace_at", default_value = ":0", hide = true)]
+    pub log_backtrace_at: String,
+
+    /// klog: write log files into this directory.
+    #[arg(long = "log_dir", default_value = "", hide = true)]
+    pub log_dir: String,
+
+    /// klog: write logs to this file.
+    #[arg(long = "log_file", default_value = "", hide = true)]
+    pub log_file: String,
+
+    /// klog: maximum log file size in MB.
+    #[arg(long = "log_file_max_size", default_value_t = 1800, hide = true)]
+    pub log_file_max_size: u64,
+
+    /// klog: log to stderr instead of files (logs always go to stderr here).
+    #[arg(long = "logtostderr", default_value = "true", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, hide = true)]
+    pub logtostderr: bool,
+
+    /// klog: write each line to its own severity file only.
+    #[arg(long = "one_output", default_value = "false", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, hide = true)]
+    pub one_output: bool,
+
+    /// klog: no header prefixes.
+    #[arg(long = "skip_headers", default_value = "false", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, hide = true)]
+    pub skip_headers: bool,
+
+    /// klog: no header prefixes in log files.
+    #[arg(long = "skip_log_headers", default_value = "false", num_args = 0..=1, require_equals = true, default_missing_value = "true", action = ArgAction::Set, hide = true)]
+    pub skip_log_headers: bool,
+
+    /// klog: logs at or above this severity go to stderr.
+    #[arg(long = "stderrthreshold", default_value = "2", hide = true)]
+    pub stderrthreshold: String,
+}
+
+impl CompatArgs {
+    /// The clap ids of the no-op flags, with their upstream spelling.
+    pub const FLAGS: &'static [(&'static str, &'static str)] = &[
+        ("config_sync_period", "--config-sync-period"),
+        ("kube_api_content_type", "--kube-api-content-type"),
+        ("kube_api_qps", "--kube-api-qps"),
+        ("kube_api_burst", "--kube-api-burst"),
+        ("profiling", "--profiling"),
+        (
+            "show_hidden_metrics_for_version",
+            "--show-hidden-metrics-for-version",
+        ),
+        ("proxy_port_range", "--proxy-port-range"),
+        ("ipvs_sync_period", "--ipvs-sync-period"),
+        ("ipvs_min_sync_period", "--ipvs-min-sync-period"),
+        ("ipvs_scheduler", "--ipvs-scheduler"),
+        ("ipvs_exclude_cidrs", "--ipvs-exclude-cidrs"),
+        ("ipvs_strict_arp", "--ipvs-strict-arp"),
+        ("ipvs_tcp_timeout", "--ipvs-tcp-timeout"),
+        ("ipvs_tcpfin_timeout", "--ipvs-tcpfin-timeout"),
+        ("ipvs_udp_timeout", "--ipvs-udp-timeout"),
+        ("logging_format", "--logging-format"),
+        ("log_flush_frequency", "--log-flush-frequency"),
+        ("vmodule", "--vmodule"),
+        ("log_text_split_stream", "--log-text-split-stream"),
+        ("log_text_info_buffer_size", "--log-text-info-buffer-size"),
+        ("log_json_split_stream", "--log-json-split-stream"),
+        ("log_json_info_buffer_size", "--log-json-info-buffer-size"),
+        ("add_dir_header", "--add_dir_header"),
+        ("alsologtostderr", "--alsologtostderr"),
+        ("log_backtrace_at", "--log_backtrace_at"),
+        ("log_dir", "--log_dir"),
+        ("log_file", "--log_file"),
+        ("log_file_max_size", "--log_file_max_size"),
+        ("logtostderr", "--logtostderr"),
+        ("one_output", "--one_output"),
+        ("skip_headers", "--skip_headers"),
+        ("skip_log_headers", "--skip_log_headers"),
+        ("stderrthreshold", "--stderrthreshold"),
+    ];
+}
+
+/// Parses one `--feature-gates` entry, `Name=bool` (Go's `strconv.ParseBool` spellings).
+///
+/// # Errors
+/// A message naming the entry when it is not `Name=bool`.
+pub fn parse_feature_gate(text: &str) -> Result<(String, bool), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("missing bool value for feature gate {:?}", text.trim()))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("empty feature gate name in {text:?}"));
+    }
+    let value = match value.trim() {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => true,
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => false,
+        v => return Err(format!("invalid value of {name}={v}, err: not a bool")),
+    };
+    Ok((name.to_string(), value))
 }
 
 /// Flags of `sandbox`.

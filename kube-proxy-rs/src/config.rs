@@ -447,6 +447,30 @@ impl KubeProxyConfiguration {
                 bail!("clusterCIDR: entry {i} {c:?} is not a CIDR");
             }
         }
+        if let Some(v) = self.oom_score_adj
+            && !(-1000..=1000).contains(&v)
+        {
+            bail!("oomScoreAdj: {v} must be within -1000..=1000");
+        }
+        for (field, v) in [
+            ("conntrack.maxPerCore", self.conntrack.max_per_core),
+            ("conntrack.min", self.conntrack.min),
+        ] {
+            if let Some(v) = v
+                && v < 0
+            {
+                bail!("{field}: {v} must be greater than or equal to 0");
+            }
+        }
+        if !self.bind_address.trim().is_empty()
+            && self
+                .bind_address
+                .trim()
+                .parse::<std::net::IpAddr>()
+                .is_err()
+        {
+            bail!("bindAddress: {:?} is not an IP address", self.bind_address);
+        }
         kp_proxier::NodePortAddresses::parse(&self.node_port_addresses)
             .map_err(|e| anyhow::anyhow!("nodePortAddresses: {e}"))?;
         Ok(())
@@ -566,8 +590,108 @@ pub fn apply(
     {
         args.verbosity = u8::try_from(v).unwrap_or(u8::MAX);
     }
-    if !cfg.feature_gates.is_empty() {
-        tracing::info!(gates = ?cfg.feature_gates, "featureGates in the config file are accepted and ignored");
+    if set("feature_gates") {
+        args.feature_gates = cfg
+            .feature_gates
+            .iter()
+            .map(|(k, v)| (k.clone(), *v))
+            .collect();
+    }
+    if set("bind_address") {
+        let ip = cfg.bind_address.trim();
+        args.bind_address = if ip.is_empty() {
+            std::net::IpAddr::from([0, 0, 0, 0])
+        } else {
+            ip.parse()
+                .map_err(|_| anyhow::anyhow!("bindAddress: {ip:?} is not an IP address"))?
+        };
+    }
+    if set("oom_score_adj")
+        && let Some(v) = cfg.oom_score_adj
+    {
+        args.oom_score_adj = v;
+    }
+    let ct = &cfg.conntrack;
+    if set("conntrack_max_per_core")
+        && let Some(v) = ct.max_per_core
+    {
+        args.conntrack_max_per_core = v;
+    }
+    if set("conntrack_min")
+        && let Some(v) = ct.min
+    {
+        args.conntrack_min = v;
+    }
+    if set("conntrack_tcp_timeout_established")
+        && let Some(v) = ct.tcp_established_timeout
+    {
+        args.conntrack_tcp_timeout_established = v.0;
+    }
+    if set("conntrack_tcp_timeout_close_wait")
+        && let Some(v) = ct.tcp_close_wait_timeout
+    {
+        args.conntrack_tcp_timeout_close_wait = v.0;
+    }
+    if set("conntrack_udp_timeout") {
+        args.conntrack_udp_timeout = ct.udp_timeout.0;
+    }
+    if set("conntrack_udp_timeout_stream") {
+        args.conntrack_udp_timeout_stream = ct.udp_stream_timeout.0;
+    }
+    let c = &mut args.compat;
+    if set("config_sync_period") {
+        c.config_sync_period = cfg.config_sync_period.0;
+    }
+    if set("kube_api_content_type") {
+        c.kube_api_content_type = cfg.client_connection.content_type.clone();
+    }
+    if set("kube_api_qps") {
+        c.kube_api_qps = cfg.client_connection.qps;
+    }
+    if set("kube_api_burst") {
+        c.kube_api_burst = cfg.client_connection.burst;
+    }
+    if set("profiling") {
+        c.profiling = cfg.enable_profiling;
+    }
+    if set("show_hidden_metrics_for_version") {
+        c.show_hidden_metrics_for_version = cfg.show_hidden_metrics_for_version.clone();
+    }
+    if set("proxy_port_range") {
+        c.proxy_port_range = cfg.port_range.clone();
+    }
+    if set("ipvs_scheduler") {
+        c.ipvs_scheduler = cfg.ipvs.scheduler.clone();
+    }
+    if set("ipvs_exclude_cidrs") {
+        c.ipvs_exclude_cidrs = cfg.ipvs.exclude_cidrs.clone();
+    }
+    if set("ipvs_strict_arp") {
+        c.ipvs_strict_arp = cfg.ipvs.strict_arp;
+    }
+    if set("ipvs_sync_period") {
+        c.ipvs_sync_period = cfg.ipvs.sync_period.0;
+    }
+    if set("ipvs_min_sync_period") {
+        c.ipvs_min_sync_period = cfg.ipvs.min_sync_period.0;
+    }
+    if set("ipvs_tcp_timeout") {
+        c.ipvs_tcp_timeout = cfg.ipvs.tcp_timeout.0;
+    }
+    if set("ipvs_tcpfin_timeout") {
+        c.ipvs_tcpfin_timeout = cfg.ipvs.tcp_fin_timeout.0;
+    }
+    if set("ipvs_udp_timeout") {
+        c.ipvs_udp_timeout = cfg.ipvs.udp_timeout.0;
+    }
+    if set("logging_format")
+        && let Some(f) = cfg
+            .logging
+            .get("format")
+            .and_then(serde_json::Value::as_str)
+        && !f.is_empty()
+    {
+        c.logging_format = f.to_string();
     }
     Ok(())
 }
@@ -600,7 +724,36 @@ pub fn from_args(args: &crate::cli::ProxyArgs) -> KubeProxyConfiguration {
         .as_ref()
         .map(|p| p.display().to_string())
         .unwrap_or_default();
-    cfg.conntrack.tcp_be_liberal = args.conntrack_tcp_be_liberal;
+    cfg.conntrack = ConntrackSection {
+        max_per_core: Some(args.conntrack_max_per_core),
+        min: Some(args.conntrack_min),
+        tcp_established_timeout: Some(GoDuration(args.conntrack_tcp_timeout_established)),
+        tcp_close_wait_timeout: Some(GoDuration(args.conntrack_tcp_timeout_close_wait)),
+        tcp_be_liberal: args.conntrack_tcp_be_liberal,
+        udp_timeout: GoDuration(args.conntrack_udp_timeout),
+        udp_stream_timeout: GoDuration(args.conntrack_udp_timeout_stream),
+    };
+    cfg.feature_gates = args.feature_gates.iter().cloned().collect();
+    cfg.bind_address = args.bind_address.to_string();
+    cfg.oom_score_adj = Some(args.oom_score_adj);
+    let c = &args.compat;
+    cfg.config_sync_period = GoDuration(c.config_sync_period);
+    cfg.client_connection.content_type = c.kube_api_content_type.clone();
+    cfg.client_connection.qps = c.kube_api_qps;
+    cfg.client_connection.burst = c.kube_api_burst;
+    cfg.enable_profiling = c.profiling;
+    cfg.show_hidden_metrics_for_version = c.show_hidden_metrics_for_version.clone();
+    cfg.port_range = c.proxy_port_range.clone();
+    cfg.ipvs = IpvsSection {
+        sync_period: GoDuration(c.ipvs_sync_period),
+        min_sync_period: GoDuration(c.ipvs_min_sync_period),
+        scheduler: c.ipvs_scheduler.clone(),
+        exclude_cidrs: c.ipvs_exclude_cidrs.clone(),
+        strict_arp: c.ipvs_strict_arp,
+        tcp_timeout: GoDuration(c.ipvs_tcp_timeout),
+        tcp_fin_timeout: GoDuration(c.ipvs_tcpfin_timeout),
+        udp_timeout: GoDuration(c.ipvs_udp_timeout),
+    };
     let bit = Some(i32::from(args.iptables_masquerade_bit));
     let (sync, min_sync) = (
         GoDuration(args.iptables_sync_period),

@@ -4,7 +4,9 @@
 
 mod admin;
 mod cli;
+mod compat;
 mod config;
+mod nodesetup;
 mod proxy;
 mod sandbox;
 mod trace;
@@ -51,6 +53,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    compat::apply_deprecated_ports(&mut cli.proxy);
+    if cli.command.is_none()
+        && let Err(e) = compat::check_bind_addresses(&cli.proxy)
+    {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     if let Some(path) = cli.proxy.write_config_to.clone() {
         let written = config::from_args(&cli.proxy).to_yaml().and_then(|yaml| {
             std::fs::write(&path, yaml)
@@ -75,6 +84,10 @@ fn main() -> ExitCode {
         }
         None => {
             init_tracing(cli.proxy.verbosity);
+            compat::log_noop_flags(&cli.proxy, |id| {
+                matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+            });
+            compat::log_feature_gates(&cli.proxy.feature_gates);
             proxy::run(cli.proxy)
         }
     };

@@ -353,6 +353,13 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
     if args.cleanup {
         return cleanup(backend);
     }
+    let conntrack = crate::nodesetup::ConntrackSettings::from_args(&args);
+    if args.init_only && !args.dry_run {
+        // Upstream's --init-only: the set-up that needs full privileges, then exit.
+        crate::nodesetup::apply_conntrack(&conntrack);
+        info!("--init-only: node settings applied, exiting");
+        return Ok(());
+    }
     if let Some(path) = &args.manifests
         && !path.exists()
     {
@@ -374,6 +381,11 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         None => {
             info!(node = %node, mode = args.proxy_mode.name(), source = "API server", "starting kube-proxy-rs")
         }
+    }
+    if !args.dry_run && !args.once {
+        // Upstream applies these when its daemon starts.
+        crate::nodesetup::apply_oom_score_adj(args.oom_score_adj);
+        crate::nodesetup::apply_conntrack(&conntrack);
     }
     if !args.dry_run {
         remove_other_mode(args.proxy_mode, backend);
