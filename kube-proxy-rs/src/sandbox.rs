@@ -272,6 +272,11 @@ fn classify(e: &ClientError) -> String {
         ClientError::Refused => "refused".into(),
         ClientError::Timeout => "timed out".into(),
         ClientError::Unreachable => "unreachable".into(),
+        // A datagram from the node itself that the node's own rules drop or reject (e.g. UDP
+        // to a Service without endpoints): `send` fails with EPERM, no ICMP involved.
+        ClientError::Other(e) if e.raw_os_error() == Some(nix::errno::Errno::EPERM as i32) => {
+            "blocked by the node's own rules (EPERM)".into()
+        }
         ClientError::Other(e) => format!("failed ({e})"),
     }
 }
@@ -745,6 +750,17 @@ mod tests {
             out.summary(51, &BTreeMap::new()),
             "51 requests: 10.0.0.4:80 1, timed out 50   p50 1.00 ms  p99 1.00 ms"
         );
+    }
+
+    #[test]
+    fn outcomes_are_named() {
+        let eperm = std::io::Error::from_raw_os_error(nix::errno::Errno::EPERM as i32);
+        assert_eq!(
+            classify(&ClientError::Other(eperm)),
+            "blocked by the node's own rules (EPERM)"
+        );
+        assert_eq!(classify(&ClientError::Refused), "refused");
+        assert_eq!(classify(&ClientError::Timeout), "timed out");
     }
 
     #[test]
