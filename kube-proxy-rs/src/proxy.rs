@@ -482,6 +482,8 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
             let (ftx, frx) = mpsc::channel(64);
             senders.push(ftx);
             let tracker = Tracker::new(family, node.clone());
+            // One warning about a missing own Node, not one per family.
+            let tracker = if i == 0 { tracker } else { tracker.without_missing_node_warning() };
             let version = match family {
                 IpFamily::V4 => IpVersion::V4,
                 IpFamily::V6 => IpVersion::V6,

@@ -8,7 +8,16 @@
 //! Service address from the client and from the node, and prints which backends answered,
 //! how often and how fast.
 //! Everything it made (processes, namespaces, the temporary manifest) is removed at the end,
-//! on error and on Ctrl-C. It never touches the root network namespace.
+//! on error and on Ctrl-C, and it says so in every case. It never touches the root network
+//! namespace; the only sysctls it sets are the node namespace's own.
+//!
+//! Probes are short (a 1 s timeout each, the interrupt flag checked between any two), and an
+//! address whose first probes all fail is given up after [`GIVE_UP_AFTER`] of them. Inside
+//! the node namespace the kernel's ICMP rate limits are lifted, so that every `REJECT` of a
+//! Service without endpoints answers at once (by default only ~1 ICMP error per second per
+//! peer is sent, and each dropped one makes the client's `connect` wait 1 s for a SYN
+//! retransmission). The proxy's warnings and errors (its log is a file in the temporary
+//! directory) are echoed on the sandbox's output.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
@@ -24,15 +33,99 @@ use kp_source::manifests::{ManifestSet, load_path};
 use kp_testkit::golden::SEED_CLUSTER;
 use kp_testkit::netns::topology::FamilyPlan;
 use kp_testkit::{
-    ChildGuard, ClientError, HttpBackend, Netns, Topology, UdpEchoBackend, http_get_many,
+    ChildGuard, ClientError, HttpBackend, Netns, Topology, UdpEchoBackend, http_get_while,
     udp_request,
 };
 use kp_track::Tracker;
 
 use crate::cli::{ProxyModeArg, SandboxArgs};
 
-/// Time allowed for one request.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// Time allowed for one request: short, so that Ctrl-C is honoured within about a second.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// An address whose first this-many requests all failed (and none answered) is not sent the
+/// rest: the report says how many were sent.
+pub const GIVE_UP_AFTER: usize = 10;
+
+/// ICMP rate limits lifted inside the node namespace (per-namespace sysctls): without this
+/// the kernel sends about one ICMP error per second per peer (`icmp_ratelimit`, burst 6) and
+/// 1000 per second overall (`icmp_msgs_per_sec`, burst 50), so most `REJECT`s of a Service
+/// without endpoints would reach the client as silence and a 1 s SYN retransmission.
+const NODE_ICMP_SYSCTLS: &[(&str, &str)] = &[
+    ("net.ipv4.icmp_ratelimit", "0"),
+    ("net.ipv4.icmp_msgs_per_sec", "1000000"),
+    ("net.ipv4.icmp_msgs_burst", "100000"),
+    ("net.ipv6.icmp.ratelimit", "0"),
+];
+
+/// Lifts the ICMP rate limits of [`NODE_ICMP_SYSCTLS`] in `node`, where present (a sysctl
+/// that is not per-namespace on this kernel does not appear in a new namespace and is left
+/// alone).
+fn lift_icmp_rate_limits(node: &Netns) {
+    for (key, value) in NODE_ICMP_SYSCTLS {
+        if node.read_sysctl(key).is_err() {
+            continue;
+        }
+        if let Err(e) = node.sysctl(key, value) {
+            eprintln!("note: could not set {key}={value} in {}: {e}", node.name());
+        }
+    }
+}
+
+/// The proxy's log file, read as it grows: yields its new `WARN`/`ERROR` lines.
+struct ProxyLog {
+    path: PathBuf,
+    offset: u64,
+    shown: usize,
+}
+
+impl ProxyLog {
+    fn new(path: PathBuf) -> ProxyLog {
+        ProxyLog {
+            path,
+            offset: 0,
+            shown: 0,
+        }
+    }
+
+    /// The warning and error lines completed since the previous call.
+    fn new_problems(&mut self) -> Vec<String> {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut f) = std::fs::File::open(&self.path) else {
+            return Vec::new();
+        };
+        let mut buf = Vec::new();
+        if f.seek(SeekFrom::Start(self.offset)).is_err() || f.read_to_end(&mut buf).is_err() {
+            return Vec::new();
+        }
+        let Some(end) = buf.iter().rposition(|&b| b == b'\n') else {
+            return Vec::new();
+        };
+        self.offset += end as u64 + 1;
+        let lines: Vec<String> = String::from_utf8_lossy(&buf[..end])
+            .lines()
+            .filter(|l| is_problem(l))
+            .map(str::to_string)
+            .collect();
+        self.shown += lines.len();
+        lines
+    }
+
+    /// Prints the new warning and error lines, each prefixed with `proxy log: `.
+    fn echo(&mut self) {
+        for line in self.new_problems() {
+            println!("proxy log: {line}");
+        }
+    }
+}
+
+/// Whether a line of the proxy's log (tracing's format without colours: timestamp, level,
+/// message) is a warning or an error.
+fn is_problem(line: &str) -> bool {
+    line.split_whitespace()
+        .take(2)
+        .any(|w| w == "WARN" || w == "ERROR")
+}
 
 fn check_environment(mode: ProxyModeArg) -> anyhow::Result<()> {
     if !nix::unistd::geteuid().is_root() {
@@ -112,9 +205,49 @@ struct Outcome {
     by_backend: BTreeMap<String, usize>,
     latencies: Vec<Duration>,
     errors: BTreeMap<String, usize>,
+    /// Requests sent.
+    sent: usize,
 }
 
 impl Outcome {
+    /// Records one result; returns whether to go on: not when the first [`GIVE_UP_AFTER`]
+    /// requests all failed.
+    fn record<T>(
+        &mut self,
+        r: Result<T, &ClientError>,
+        ok: impl FnOnce(T) -> (String, Duration),
+    ) -> bool {
+        self.sent += 1;
+        match r {
+            Ok(reply) => {
+                let (backend, elapsed) = ok(reply);
+                *self.by_backend.entry(backend).or_default() += 1;
+                self.latencies.push(elapsed);
+            }
+            Err(e) => *self.errors.entry(classify(e)).or_default() += 1,
+        }
+        !self.gave_up()
+    }
+
+    /// Whether it stopped early: [`GIVE_UP_AFTER`] requests sent, none answered.
+    fn gave_up(&self) -> bool {
+        self.by_backend.is_empty() && self.sent >= GIVE_UP_AFTER
+    }
+
+    /// `N requests: …`, or `K of N requests (…): …` when it gave up early.
+    fn summary(&self, n: usize, node_of: &BTreeMap<String, String>) -> String {
+        if self.sent < n {
+            format!(
+                "{} of {n} requests (the first {} all failed; the rest were not sent): {}",
+                self.sent,
+                self.sent,
+                self.line(node_of)
+            )
+        } else {
+            format!("{n} requests: {}", self.line(node_of))
+        }
+    }
+
     fn line(&self, node_of: &BTreeMap<String, String>) -> String {
         let mut parts: Vec<String> = self
             .by_backend
@@ -139,6 +272,11 @@ fn classify(e: &ClientError) -> String {
         ClientError::Refused => "refused".into(),
         ClientError::Timeout => "timed out".into(),
         ClientError::Unreachable => "unreachable".into(),
+        // A datagram from the node itself that the node's own rules drop or reject (e.g. UDP
+        // to a Service without endpoints): `send` fails with EPERM, no ICMP involved.
+        ClientError::Other(e) if e.raw_os_error() == Some(nix::errno::Errno::EPERM as i32) => {
+            "blocked by the node's own rules (EPERM)".into()
+        }
         ClientError::Other(e) => format!("failed ({e})"),
     }
 }
@@ -150,22 +288,22 @@ fn http_batch(
     stop: &AtomicBool,
 ) -> anyhow::Result<Outcome> {
     let mut out = Outcome::default();
-    let mut left = n;
-    while left > 0 {
-        if stop.load(Ordering::SeqCst) {
-            bail!("interrupted");
-        }
-        let chunk = left.min(25);
-        for r in http_get_many(ns, target, chunk, REQUEST_TIMEOUT) {
-            match r {
-                Ok(reply) => {
-                    *out.by_backend.entry(reply.name().to_string()).or_default() += 1;
-                    out.latencies.push(reply.elapsed);
-                }
-                Err(e) => *out.errors.entry(classify(&e)).or_default() += 1,
-            }
-        }
-        left -= chunk;
+    let mut interrupted = false;
+    let results = http_get_while(ns, target, n, REQUEST_TIMEOUT, |r| {
+        interrupted = stop.load(Ordering::SeqCst);
+        let go_on = out.record(r.as_ref(), |reply| {
+            (reply.name().to_string(), reply.elapsed)
+        });
+        go_on && !interrupted
+    });
+    if interrupted || stop.load(Ordering::SeqCst) {
+        bail!("interrupted");
+    }
+    // A failure to enter the namespace is one result that `record` did not see.
+    if results.len() > out.sent
+        && let Some(Err(e)) = results.last()
+    {
+        bail!("probing {target} from {}: {e}", ns.name());
     }
     Ok(out)
 }
@@ -182,13 +320,13 @@ fn udp_batch(
             bail!("interrupted");
         }
         let start = Instant::now();
-        match udp_request(ns, target, b"ping", REQUEST_TIMEOUT, None) {
-            Ok(reply) => {
-                *out.by_backend.entry(reply.text()).or_default() += 1;
-                out.latencies.push(start.elapsed());
-            }
-            Err(e) => *out.errors.entry(classify(&e)).or_default() += 1,
+        let r = udp_request(ns, target, b"ping", REQUEST_TIMEOUT, None);
+        if !out.record(r.as_ref(), |reply| (reply.text(), start.elapsed())) {
+            break;
         }
+    }
+    if stop.load(Ordering::SeqCst) {
+        bail!("interrupted");
     }
     Ok(out)
 }
@@ -326,124 +464,199 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
     }
     println!("kube-proxy-rs sandbox: building namespaces for node {node_name} ({node_ip})");
     let topology = builder.build().context("building the namespace sandbox")?;
-
-    let mut servers_http: Vec<HttpBackend> = Vec::new();
-    let mut servers_udp: Vec<UdpEchoBackend> = Vec::new();
-    for (i, (ip, ports)) in serves.iter().enumerate() {
-        let ns = topology.backend(i).ns();
-        for (proto, port) in ports {
-            let addr = SocketAddr::new(*ip, *port);
-            match proto {
-                Protocol::Tcp => servers_http.push(HttpBackend::start(ns, addr, addr.to_string())?),
-                Protocol::Udp => {
-                    servers_udp.push(UdpEchoBackend::start(ns, addr, addr.to_string())?)
-                }
-                Protocol::Sctp => eprintln!("note: {addr}/SCTP has no test server in the sandbox"),
-            }
-        }
-    }
-    print!("{}", topology.describe());
-
-    // The proxy, inside the node namespace.
-    let exe = std::env::current_exe().context("locating the kube-proxy-rs binary")?;
     let log_path = tmp.path().join("kube-proxy-rs.log");
-    let log = std::fs::File::create(&log_path).context("creating the proxy log")?;
-    let mut cmd = topology.node().command(&exe);
-    cmd.arg(format!("--proxy-mode={}", mode.name()))
-        .arg("--manifests")
-        .arg(&manifest)
-        .arg("--hostname-override")
-        .arg(&node_name)
-        .arg("--cluster-cidr")
-        .arg(cluster_cidr.to_string())
-        .stdout(log.try_clone().context("proxy log")?)
-        .stderr(log);
-    let started = Instant::now();
-    let mut proxy = ChildGuard::spawn(
-        &mut cmd,
-        format!("kube-proxy-rs in {}", topology.node().name()),
-    )?;
-    let node_ns = topology.node();
-    let programmed = proxy.wait_for(
-        || stop.load(Ordering::SeqCst) || programmed(node_ns, mode),
-        Duration::from_secs(30),
-    );
-    if let Err(e) = programmed {
-        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-        bail!("the proxy did not program the node: {e}\n--- proxy log ---\n{log}");
-    }
-    if stop.load(Ordering::SeqCst) {
-        bail!("interrupted");
-    }
-    println!(
-        "proxy: kube-proxy-rs --proxy-mode {} --hostname-override {node_name} --cluster-cidr {cluster_cidr}, rules programmed in {:.2} s",
-        mode.name(),
-        started.elapsed().as_secs_f64(),
-    );
-    println!(
-        "report: per address, the backend that answered each request (ip:port, with the endpoint's nodeName) and the latency of connect+response;\n        \"refused\" is a REJECT (Service without endpoints), \"timed out\" a DROP or no route\n"
-    );
-    // Let the client reach external and load-balancer IPs through the node, as a router in
-    // front of the node would.
-    let mut extra_routes = BTreeSet::new();
-    for svc in snap.services.values() {
-        extra_routes.extend(
-            svc.external_ips
-                .iter()
-                .chain(&svc.load_balancer_vips)
-                .copied(),
-        );
-    }
-    for ip in extra_routes {
-        let dest = IpNet::new(ip, 32).context("route")?;
-        if !plan_service_cidr.contains(&ip) {
-            kp_testkit::netns::add_route(topology.client(), dest, node_ip)
-                .context("routing an external IP to the node")?;
-        }
-    }
-
-    let n = args.requests as usize;
-    let client = topology.client();
-    let node = topology.node();
-    for svc in snap.services.values() {
-        report_service(svc, &snap, client, node, node_ip, n, &node_of, &stop)?;
-    }
-
-    let (dump, dump_args): (&str, &[&str]) = match mode {
-        ProxyModeArg::Nftables => ("nft", &["list", "ruleset"]),
-        _ => ("iptables-save", &[]),
+    let mut log = ProxyLog::new(log_path.clone());
+    let sandbox = Sandbox {
+        args: &args,
+        mode,
+        snap: &snap,
+        node_name: &node_name,
+        node_ip,
+        cluster_cidr,
+        manifest: &manifest,
+        serves: &serves,
+        node_of: &node_of,
+        service_cidr: plan_service_cidr,
+        stop: &stop,
     };
-    let dump_line = format!("{dump} {}", dump_args.join(" "));
-    if args.show_rules {
-        println!("--- {} in {} ---", dump_line.trim(), node.name());
-        print!(
-            "{}",
-            node.run(dump, dump_args.iter().copied())
-                .with_context(|| format!("{dump} in the node namespace"))?
-        );
-    }
-    if args.keep {
-        println!(
-            "\nThe sandbox stays up; explore it with `ip netns exec {} {}`. Ctrl-C removes it.",
-            node.name(),
-            dump_line.trim()
-        );
-        while !stop.load(Ordering::SeqCst) {
-            std::thread::sleep(Duration::from_millis(200));
-            proxy.ensure_running().map_err(|e| anyhow!("{e}"))?;
-        }
-    }
-    // Teardown order: the proxy, the servers, then the namespaces (Topology's drop).
-    drop(proxy);
-    drop(servers_http);
-    drop(servers_udp);
+    // Whatever happens in there (success, error, interrupt), everything is removed and the
+    // sandbox says so.
+    let result = sandbox.drive(&topology, &mut log);
+    log.echo();
+    let problems = log.shown;
     let namespaces = 2 + topology.clients().len() + topology.backends().len();
     drop(topology);
     drop(tmp);
+    if problems > 0 {
+        println!(
+            "proxy log: {problems} warning/error line{} (shown above, prefixed `proxy log:`)",
+            if problems == 1 { "" } else { "s" }
+        );
+    }
     println!(
         "sandbox removed: proxy stopped, {namespaces} namespaces deleted, temporary files removed"
     );
-    Ok(())
+    result
+}
+
+/// What the sandbox runs with, once its namespaces exist.
+struct Sandbox<'a> {
+    args: &'a SandboxArgs,
+    mode: ProxyModeArg,
+    snap: &'a Snapshot,
+    node_name: &'a str,
+    node_ip: IpAddr,
+    cluster_cidr: IpNet,
+    manifest: &'a Path,
+    serves: &'a BTreeMap<IpAddr, BTreeSet<(Protocol, u16)>>,
+    node_of: &'a BTreeMap<String, String>,
+    service_cidr: IpNet,
+    stop: &'a AtomicBool,
+}
+
+impl Sandbox<'_> {
+    fn interrupted(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Starts the servers and the proxy in `topology`, probes every Service and reports;
+    /// with `--keep`, waits for Ctrl-C. The servers and the proxy are stopped when it
+    /// returns, before the caller removes the namespaces.
+    fn drive(&self, topology: &Topology, log: &mut ProxyLog) -> anyhow::Result<()> {
+        let (args, mode, snap) = (self.args, self.mode, self.snap);
+        let mut servers_http: Vec<HttpBackend> = Vec::new();
+        let mut servers_udp: Vec<UdpEchoBackend> = Vec::new();
+        for (i, (ip, ports)) in self.serves.iter().enumerate() {
+            let ns = topology.backend(i).ns();
+            for (proto, port) in ports {
+                let addr = SocketAddr::new(*ip, *port);
+                match proto {
+                    Protocol::Tcp => {
+                        servers_http.push(HttpBackend::start(ns, addr, addr.to_string())?)
+                    }
+                    Protocol::Udp => {
+                        servers_udp.push(UdpEchoBackend::start(ns, addr, addr.to_string())?)
+                    }
+                    Protocol::Sctp => {
+                        eprintln!("note: {addr}/SCTP has no test server in the sandbox")
+                    }
+                }
+            }
+        }
+        print!("{}", topology.describe());
+        let node = topology.node();
+        lift_icmp_rate_limits(node);
+
+        // The proxy, inside the node namespace.
+        let exe = std::env::current_exe().context("locating the kube-proxy-rs binary")?;
+        let log_file = std::fs::File::create(&log.path).context("creating the proxy log")?;
+        println!(
+            "proxy log: {} (deleted with the sandbox; its warnings and errors are repeated here)",
+            log.path.display()
+        );
+        let mut cmd = node.command(&exe);
+        cmd.arg(format!("--proxy-mode={}", mode.name()))
+            .arg("--manifests")
+            .arg(self.manifest)
+            .arg("--hostname-override")
+            .arg(self.node_name)
+            .arg("--cluster-cidr")
+            .arg(self.cluster_cidr.to_string())
+            .stdout(log_file.try_clone().context("proxy log")?)
+            .stderr(log_file);
+        let started = Instant::now();
+        let mut proxy = ChildGuard::spawn(&mut cmd, format!("kube-proxy-rs in {}", node.name()))?;
+        let programmed = proxy.wait_for(
+            || self.interrupted() || programmed(node, mode),
+            Duration::from_secs(30),
+        );
+        if let Err(e) = programmed {
+            let text = std::fs::read_to_string(&log.path).unwrap_or_default();
+            log.new_problems(); // printed in full here
+            bail!("the proxy did not program the node: {e}\n--- proxy log ---\n{text}");
+        }
+        if self.interrupted() {
+            bail!("interrupted");
+        }
+        println!(
+            "proxy: kube-proxy-rs --proxy-mode {} --hostname-override {} --cluster-cidr {}, rules programmed in {:.2} s",
+            mode.name(),
+            self.node_name,
+            self.cluster_cidr,
+            started.elapsed().as_secs_f64(),
+        );
+        log.echo();
+        println!(
+            "report: per address, the backend that answered each request (ip:port, with the endpoint's nodeName) and the latency of connect+response;\n        \"refused\" is a REJECT (Service without endpoints), \"timed out\" a DROP or no route;\n        an address whose first {GIVE_UP_AFTER} requests all fail is not sent the rest\n"
+        );
+        // Let the client reach external and load-balancer IPs through the node, as a router
+        // in front of the node would.
+        let mut extra_routes = BTreeSet::new();
+        for svc in snap.services.values() {
+            extra_routes.extend(
+                svc.external_ips
+                    .iter()
+                    .chain(&svc.load_balancer_vips)
+                    .copied(),
+            );
+        }
+        for ip in extra_routes {
+            let dest = IpNet::new(ip, 32).context("route")?;
+            if !self.service_cidr.contains(&ip) {
+                kp_testkit::netns::add_route(topology.client(), dest, self.node_ip)
+                    .context("routing an external IP to the node")?;
+            }
+        }
+
+        let n = args.requests as usize;
+        let client = topology.client();
+        for svc in snap.services.values() {
+            report_service(
+                svc,
+                snap,
+                client,
+                node,
+                self.node_ip,
+                n,
+                self.node_of,
+                self.stop,
+            )?;
+        }
+        log.echo();
+
+        let (dump, dump_args): (&str, &[&str]) = match mode {
+            ProxyModeArg::Nftables => ("nft", &["list", "ruleset"]),
+            _ => ("iptables-save", &[]),
+        };
+        let dump_line = format!("{dump} {}", dump_args.join(" "));
+        if args.show_rules {
+            println!("--- {} in {} ---", dump_line.trim(), node.name());
+            print!(
+                "{}",
+                node.run(dump, dump_args.iter().copied())
+                    .with_context(|| format!("{dump} in the node namespace"))?
+            );
+        }
+        if args.keep {
+            println!(
+                "\nThe sandbox stays up; explore it with `ip netns exec {} {}`. Ctrl-C removes it.\n\
+                 The proxy logs to {}; its warnings and errors appear here as they happen.",
+                node.name(),
+                dump_line.trim(),
+                log.path.display()
+            );
+            while !self.interrupted() {
+                std::thread::sleep(Duration::from_millis(200));
+                log.echo();
+                proxy.ensure_running().map_err(|e| anyhow!("{e}"))?;
+            }
+        }
+        // Teardown order: the proxy, then the servers; the caller removes the namespaces.
+        drop(proxy);
+        drop(servers_http);
+        drop(servers_udp);
+        Ok(())
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -498,8 +711,87 @@ fn report_service(
                 continue;
             }
         };
-        println!("  {label}  {n} requests: {}", outcome.line(node_of));
+        println!("  {label}  {}", outcome.summary(n, node_of));
     }
     println!();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_that_only_fails_is_given_up_and_says_so() {
+        let mut out = Outcome::default();
+        let refused: Result<(), ClientError> = Err(ClientError::Refused);
+        let mut sent = 0;
+        while out.record(refused.as_ref().map(|_| ()), |()| unreachable!()) {
+            sent += 1;
+        }
+        assert_eq!(sent + 1, GIVE_UP_AFTER);
+        let line = out.summary(200, &BTreeMap::new());
+        assert_eq!(
+            line,
+            format!(
+                "{GIVE_UP_AFTER} of 200 requests (the first {GIVE_UP_AFTER} all failed; the rest were not sent): refused {GIVE_UP_AFTER}"
+            )
+        );
+    }
+
+    #[test]
+    fn an_address_that_answered_once_gets_every_request() {
+        let mut out = Outcome::default();
+        assert!(out.record(Ok(()), |()| (
+            "10.0.0.4:80".into(),
+            Duration::from_millis(1)
+        )));
+        for _ in 0..50 {
+            assert!(out.record(Err(&ClientError::Timeout), |()| unreachable!()));
+        }
+        assert_eq!(
+            out.summary(51, &BTreeMap::new()),
+            "51 requests: 10.0.0.4:80 1, timed out 50   p50 1.00 ms  p99 1.00 ms"
+        );
+    }
+
+    #[test]
+    fn outcomes_are_named() {
+        let eperm = std::io::Error::from_raw_os_error(nix::errno::Errno::EPERM as i32);
+        assert_eq!(
+            classify(&ClientError::Other(eperm)),
+            "blocked by the node's own rules (EPERM)"
+        );
+        assert_eq!(classify(&ClientError::Refused), "refused");
+        assert_eq!(classify(&ClientError::Timeout), "timed out");
+    }
+
+    #[test]
+    fn the_proxy_log_yields_new_complete_warning_and_error_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kube-proxy-rs.log");
+        let mut log = ProxyLog::new(path.clone());
+        assert!(log.new_problems().is_empty(), "no file yet");
+        std::fs::write(
+            &path,
+            "2026-01-01T00:00:00Z  INFO synced\n2026-01-01T00:00:01Z  WARN no Node\n2026-01-01T00:00:02Z ERROR bad",
+        )
+        .unwrap();
+        assert_eq!(log.new_problems(), ["2026-01-01T00:00:01Z  WARN no Node"]);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        std::io::Write::write_all(
+            &mut f,
+            b" clusterIP\n2026-01-01T00:00:03Z  INFO WARN later\n",
+        )
+        .unwrap();
+        assert_eq!(
+            log.new_problems(),
+            ["2026-01-01T00:00:02Z ERROR bad clusterIP"]
+        );
+        assert!(log.new_problems().is_empty());
+        assert_eq!(log.shown, 2);
+    }
 }

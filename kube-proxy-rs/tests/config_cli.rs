@@ -1,4 +1,5 @@
-//! `--config` and `--write-config-to` with upstream's KubeProxyConfiguration format.
+//! `--config` and `--write-config-to` with upstream's KubeProxyConfiguration format, and
+//! what `--dry-run` says about the flags it was given (a `--hostname-override` naming no Node).
 
 use std::process::Command;
 
@@ -111,6 +112,19 @@ fn unknown_fields_are_rejected_with_their_path() {
     assert!(!ok);
     assert!(
         err.contains("iptables") && err.contains("masqueradeBitt"),
+        "{err}"
+    );
+}
+
+/// A `--hostname-override` that names no Node of the manifest is warned about once, not once
+/// per IP family.
+#[test]
+fn a_missing_own_node_is_warned_about_once() {
+    let (ok, _, err) = run(&["--manifests", SEED, "--dry-run", "--hostname-override=vm"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        err.matches("no Node object named \"vm\"").count(),
+        1,
         "{err}"
     );
 }

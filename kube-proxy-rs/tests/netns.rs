@@ -1,7 +1,8 @@
 //! End-to-end tests of the `kube-proxy-rs` binary's lifecycle with the real kernel, in both
 //! proxy modes: what it programs (golden rules, `--dry-run` against the kernel), resync and
 //! `--cleanup`, real traffic through ClusterIP and NodePort with endpoint removal and REJECT,
-//! a failed sync and its retry, switching modes, bad manifests, and the sandbox.
+//! a failed sync and its retry, switching modes, bad manifests, and the sandbox (its report,
+//! Services without endpoints, Ctrl-C, `--keep`).
 //!
 //! A check that holds in both modes is written once, as a function taking the [`Mode`], with
 //! one `#[test]` per mode (`…_iptables`, `…_nftables`); checks of one mode only are in
@@ -781,4 +782,212 @@ fn the_sandbox_reports_both_backends_and_cleans_up_iptables() {
 #[test]
 fn the_sandbox_reports_both_backends_and_cleans_up_nftables() {
     the_sandbox_reports_both_backends_and_cleans_up(Mode::Nftables);
+}
+
+/// Namespaces named with the sandbox's `kp<pid>x` prefix that still exist.
+fn sandbox_namespaces_left(pid: u32) -> Vec<String> {
+    let prefix = format!("kp{pid}x");
+    kp_testkit::netns::list_namespaces()
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+/// A sandbox over the seed plus a Service without endpoints (`default/empty`, a REJECT):
+/// every probe of it is answered "refused" at once (the node's ICMP rate limits are lifted,
+/// and an address that keeps failing is given up), so `-n 200` takes seconds, not the
+/// minutes of one SYN retransmission per rate-limited ICMP error.
+#[test]
+fn the_sandbox_reports_a_service_without_endpoints_as_refused_quickly() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let manifest = seed_and_extra_manifest(dir.path());
+    let started = Instant::now();
+    let out = Command::new(BIN)
+        .args(["sandbox", "--manifests", &manifest, "-n", "200"])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(took < Duration::from_secs(20), "took {took:?}:\n{stdout}");
+    for who in ["client", "node  "] {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&format!("{who} -> 10.96.0.99:80")))
+            .unwrap_or_else(|| panic!("no {who} line for default/empty:\n{stdout}"));
+        assert!(
+            line.contains("refused") && !line.contains("timed out") && !line.contains("p50"),
+            "{line}"
+        );
+        assert!(line.contains("of 200 requests"), "{line}");
+    }
+    // The Services with endpoints still get all their requests.
+    let web = stdout
+        .lines()
+        .find(|l| l.contains("client -> 10.96.0.80:80"))
+        .unwrap_or_else(|| panic!("no line for default/web:\n{stdout}"));
+    assert!(
+        web.contains(" 200 requests:") && !web.contains("refused"),
+        "{web}"
+    );
+    assert!(stdout.contains("sandbox removed"), "{stdout}");
+    assert!(stdout.contains("proxy log: /"), "{stdout}");
+    assert!(sandbox_namespaces_left(out_pid(&stdout)).is_empty());
+}
+
+/// The sandbox's pid, from the `kp<pid>x…` namespace names it printed.
+fn out_pid(stdout: &str) -> u32 {
+    out_pid_hint(stdout)
+        .parse()
+        .expect("namespace names printed")
+}
+
+/// Waits (up to 30 s) until the file holds `needle`; returns its text.
+fn wait_for_text(path: &std::path::Path, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(needle) || Instant::now() > deadline {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends SIGINT to `child` and waits for it; returns how long it took to exit.
+fn interrupt(child: &mut std::process::Child) -> Duration {
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+    let sent = Instant::now();
+    let deadline = sent + Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the sandbox did not exit within 30 s of SIGINT");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    sent.elapsed()
+}
+
+/// Ctrl-C while the sandbox probes an address that drops every request (a NodePort with
+/// `externalTrafficPolicy: Local` and no local endpoint): it exits within seconds, removes
+/// its namespaces and says so.
+#[test]
+fn the_sandbox_exits_quickly_on_sigint_while_probing_and_says_it_cleaned_up() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let manifest = write(
+        dir.path(),
+        "cluster.yaml",
+        r#"
+apiVersion: v1
+kind: Node
+metadata: {name: k8s-master}
+status:
+  addresses: [{type: InternalIP, address: 192.168.56.10}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: local, namespace: default}
+spec:
+  type: NodePort
+  externalTrafficPolicy: Local
+  clusterIP: 10.96.0.81
+  ports: [{port: 80, targetPort: 80, nodePort: 30081, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: local-1
+  namespace: default
+  labels: {kubernetes.io/service-name: local}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.1.2]
+  nodeName: k8s-worker
+ports: [{name: "", port: 80, protocol: TCP}]
+"#,
+    );
+    let out_path = dir.path().join("stdout");
+    let mut child = Command::new(BIN)
+        .args([
+            "sandbox",
+            "--manifests",
+            manifest.to_str().unwrap(),
+            "-n",
+            "50",
+        ])
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The ClusterIP lines come first; then it probes the NodePort, which times out.
+    let text = wait_for_text(&out_path, "node   -> 10.96.0.81:80");
+    assert!(text.contains("node   -> 10.96.0.81:80"), "{text}");
+    std::thread::sleep(Duration::from_millis(1500));
+    let took = interrupt(&mut child);
+    let stdout = std::fs::read_to_string(&out_path).unwrap();
+    assert!(
+        took < Duration::from_secs(8),
+        "took {took:?} to exit:\n{stdout}"
+    );
+    assert!(stdout.contains("sandbox removed"), "{stdout}");
+    assert!(sandbox_namespaces_left(child.id()).is_empty());
+}
+
+/// `--keep`: a live manifest error of the proxy appears on the sandbox's output (not only in
+/// its log file, whose path it prints), and Ctrl-C removes everything and says so.
+#[test]
+fn the_sandbox_keep_shows_the_proxys_errors_and_cleans_up_on_sigint() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let manifest = write(dir.path(), "cluster.yaml", SEED_CLUSTER);
+    let out_path = dir.path().join("stdout");
+    let mut child = Command::new(BIN)
+        .args(["sandbox", "--manifests", manifest.to_str().unwrap()])
+        .args(["-n", "5", "--keep"])
+        .stdout(std::fs::File::create(&out_path).unwrap())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let text = wait_for_text(&out_path, "Ctrl-C removes it");
+    assert!(text.contains("Ctrl-C removes it"), "{text}");
+    assert!(text.contains("kube-proxy-rs.log"), "{text}");
+    write(
+        dir.path(),
+        "cluster.yaml",
+        &SEED_CLUSTER.replace("10.96.138.71", "10.96.0.999"),
+    );
+    let text = wait_for_text(&out_path, "10.96.0.999");
+    let line = text
+        .lines()
+        .find(|l| l.contains("10.96.0.999"))
+        .unwrap_or_else(|| panic!("the proxy's error is not shown:\n{text}"));
+    assert!(
+        line.starts_with("proxy log: ") && line.contains("ERROR"),
+        "{line}"
+    );
+    let took = interrupt(&mut child);
+    let stdout = std::fs::read_to_string(&out_path).unwrap();
+    assert!(
+        took < Duration::from_secs(8),
+        "took {took:?} to exit:\n{stdout}"
+    );
+    assert!(stdout.contains("warning/error line"), "{stdout}");
+    assert!(stdout.contains("sandbox removed"), "{stdout}");
+    assert!(sandbox_namespaces_left(child.id()).is_empty());
 }

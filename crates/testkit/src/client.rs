@@ -114,6 +114,34 @@ pub fn http_get_many(
     }
 }
 
+/// Like [`http_get_many`], but calls `go_on` with each result and stops early, without
+/// sending the rest, as soon as it returns `false` (e.g. an interrupt flag was set, or the
+/// target keeps failing). Returns the results of the requests actually sent.
+pub fn http_get_while<F>(
+    ns: &Netns,
+    target: SocketAddr,
+    n: usize,
+    timeout: Duration,
+    mut go_on: F,
+) -> Vec<Result<HttpReply, ClientError>>
+where
+    F: FnMut(&Result<HttpReply, ClientError>) -> bool + Send,
+{
+    let sent = ns.in_ns(|| {
+        let mut results = Vec::with_capacity(n);
+        for _ in 0..n {
+            let r = get(target, timeout);
+            let more = go_on(&r);
+            results.push(r);
+            if !more {
+                break;
+            }
+        }
+        results
+    });
+    sent.unwrap_or_else(|e| vec![Err(ClientError::Other(io::Error::other(e.to_string())))])
+}
+
 fn get(target: SocketAddr, timeout: Duration) -> Result<HttpReply, ClientError> {
     if timeout.is_zero() {
         return Err(ClientError::Other(io::Error::new(

@@ -6,8 +6,9 @@
 //!   the node network and `be<i>` backend ("pod") namespaces behind the node.
 //! * [`backend`]: [`HttpBackend`] and [`UdpEchoBackend`], which answer with their name
 //!   and record the peer address of every connection.
-//! * [`client`]: [`http_get`], [`http_get_many`], [`udp_request`] and [`UdpClient`], with
-//!   outcomes classified by [`ClientError`] (refused / timeout / unreachable).
+//! * [`client`]: [`http_get`], [`http_get_many`], [`http_get_while`], [`udp_request`] and
+//!   [`UdpClient`], with outcomes classified by [`ClientError`] (refused / timeout /
+//!   unreachable).
 //! * [`process`]: [`ChildGuard`] (a child process stopped on drop) and [`wait_for`].
 //! * [`conformance`]: the packet-flow table every proxy mode must pass.
 //! * [`apiserver`]: [`apiserver::TestApiServer`], an in-process Kubernetes API server
@@ -48,7 +49,8 @@ pub mod process;
 
 pub use backend::{HttpBackend, UdpEchoBackend};
 pub use client::{
-    ClientError, HttpReply, UdpClient, UdpReply, http_get, http_get_many, udp_request,
+    ClientError, HttpReply, UdpClient, UdpReply, http_get, http_get_many, http_get_while,
+    udp_request,
 };
 pub use error::{Error, Result};
 pub use netns::{

@@ -94,6 +94,13 @@ impl Tracker {
         }
     }
 
+    /// Leaves the warning about a missing own Node object to another tracker: a dual-stack
+    /// proxy runs one tracker per family over the same Nodes, and says it once.
+    pub fn without_missing_node_warning(mut self) -> Self {
+        self.warned_no_node = true;
+        self
+    }
+
     /// The family this tracker builds snapshots for.
     pub fn family(&self) -> IpFamily {
         self.family
