@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
+use clap::{ArgAction, ArgGroup, Args, Parser, Subcommand, ValueEnum};
 
 /// kube-proxy-rs: a Kubernetes service proxy, compatible with kube-proxy.
 ///
@@ -57,17 +57,13 @@ pub enum TraceFrom {
     External,
 }
 
-/// Flags of `trace`.
+/// Flags of `trace`. Exactly one of `--rules` and `--live` says which rules to trace.
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("source").required(true).args(["rules", "live"])))]
 pub struct TraceArgs {
     /// An `iptables-save` (or `ip6tables-save`) dump, or an `nft -j list ruleset` dump
     /// (JSON, recognized by its leading `{`); `-` reads standard input.
-    #[arg(
-        long,
-        value_name = "FILE",
-        required_unless_present = "live",
-        conflicts_with = "live"
-    )]
+    #[arg(long, value_name = "FILE")]
     pub rules: Option<PathBuf>,
 
     /// Read this node's rules (`nft -j list ruleset` or `iptables-save`, see --mode),

@@ -19,7 +19,8 @@ use std::net::IpAddr;
 use anyhow::{Context, anyhow, bail};
 use clap::ValueEnum;
 use kp_netfilter::{
-    Backend, ExecIptables, IpVersion, Iptables, Ruleset, complete_partial_save, parse_save,
+    Backend, ExecIptables, IpVersion, Iptables, Ruleset, complete_kube_proxy_jumps,
+    complete_partial_save, parse_save,
 };
 use kp_proxier::{Host as _, RealHost};
 use kp_trace::nft::{NftRuleset, looks_like_json, parse_nft_json};
@@ -44,8 +45,9 @@ pub enum TraceMode {
 
 /// The rules to trace.
 enum Rules {
-    /// An iptables ruleset and its text (for the localnet guard).
-    Iptables(Ruleset, String),
+    /// An iptables ruleset, its text (for the localnet guard) and the notes on what was
+    /// assumed to complete it (added to the trace's notes).
+    Iptables(Ruleset, String, Vec<String>),
     /// An nftables ruleset.
     Nftables(NftRuleset),
 }
@@ -55,19 +57,32 @@ fn read_dump(args: &TraceArgs) -> anyhow::Result<String> {
         .rules
         .as_ref()
         .ok_or_else(|| anyhow!("pass --rules FILE or --live"))?;
-    if path.as_os_str() == "-" {
+    let (text, name) = if path.as_os_str() == "-" {
         let mut s = String::new();
         std::io::stdin()
             .read_to_string(&mut s)
             .context("reading rules from standard input")?;
-        Ok(s)
+        (s, "standard input".to_string())
     } else {
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+        let s =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        (s, path.display().to_string())
+    };
+    let has_rules = text.lines().any(|l| {
+        let l = l.trim();
+        !l.is_empty() && !l.starts_with('#') && l != "COMMIT" && !l.starts_with('*')
+    });
+    if !has_rules {
+        bail!("no rules found in {name}: pass an `iptables-save` or `nft -j list ruleset` dump");
     }
+    Ok(text)
 }
 
-fn parse_iptables(text: String) -> anyhow::Result<Rules> {
-    let rules = match parse_save(&text) {
+/// Parses an iptables dump (completing a partial one); for a dump (`dump`, not this
+/// node's live rules) also adds kube-proxy's jumps from the built-in chains that the dump
+/// lacks, with a note for each.
+fn parse_iptables(text: String, dump: bool) -> anyhow::Result<Rules> {
+    let mut rules = match parse_save(&text) {
         Ok(r) => r,
         Err(first) => {
             let (completed, added) = complete_partial_save(&text)
@@ -77,13 +92,24 @@ fn parse_iptables(text: String) -> anyhow::Result<Rules> {
             r
         }
     };
-    Ok(Rules::Iptables(rules, text))
+    let mut notes = Vec::new();
+    if dump {
+        for jump in complete_kube_proxy_jumps(&mut rules) {
+            notes.push(format!(
+                "assumed kube-proxy's jump {jump}, which the dump does not contain (it has the \
+                 chain the jump leads to; kube-proxy installs this jump)"
+            ));
+        }
+    }
+    Ok(Rules::Iptables(rules, text, notes))
 }
 
 fn parse_nft(text: &str) -> anyhow::Result<Rules> {
-    parse_nft_json(text)
-        .map(Rules::Nftables)
-        .map_err(|e| anyhow!("the rules do not parse: {e}"))
+    let rules = parse_nft_json(text).map_err(|e| anyhow!("the rules do not parse: {e}"))?;
+    if rules.tables.is_empty() {
+        bail!("no rules found: the nft dump has no tables");
+    }
+    Ok(Rules::Nftables(rules))
 }
 
 /// `nft -j list ruleset` on this node.
@@ -119,23 +145,25 @@ fn load_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<Rules> {
             (false, TraceMode::Nftables) => {
                 bail!("--mode nftables needs an `nft -j list ruleset` dump (JSON)")
             }
-            (false, _) => parse_iptables(text),
+            (false, _) => parse_iptables(text, true),
         };
     }
     match args.mode {
-        TraceMode::Iptables => parse_iptables(live_iptables(version)?),
+        TraceMode::Iptables => parse_iptables(live_iptables(version)?, false),
         TraceMode::Nftables => Ok(Rules::Nftables(live_nft()?)),
         TraceMode::Auto => match live_nft() {
             Ok(nft) if nft.has_kube_proxy() => {
                 let ipt = live_iptables(version).unwrap_or_default();
                 if ipt.contains(":KUBE-SERVICES") {
                     eprintln!(
-                        "note: tracing nftables rules (this node has kube-proxy's nftables                          table); it also has iptables KUBE-SERVICES rules: --mode iptables                          traces those"
+                        "note: tracing nftables rules (this node has kube-proxy's nftables \
+                         table); it also has iptables KUBE-SERVICES rules: --mode iptables \
+                         traces those"
                     );
                 }
                 Ok(Rules::Nftables(nft))
             }
-            _ => parse_iptables(live_iptables(version)?),
+            _ => parse_iptables(live_iptables(version)?, false),
         },
     }
 }
@@ -161,6 +189,9 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         );
     }
     let mut host = Host::new(local.iter().copied());
+    // Without --node-ip or --live the node's addresses are unknown: NodePort-style
+    // `addrtype --dst-type LOCAL` / `fib daddr type local` tests are then unknown.
+    host.local_addrs_incomplete = local.is_empty();
     host.route_localnet = match (args.route_localnet, args.live) {
         (Some(v), _) => v,
         (None, true) => {
@@ -170,7 +201,7 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                 == Some("1")
         }
         (None, false) => match &rules {
-            Rules::Iptables(_, text) => text.contains(LOCALNET_GUARD),
+            Rules::Iptables(_, text, _) => text.contains(LOCALNET_GUARD),
             // kube-proxy's nftables mode has no localhost NodePorts.
             Rules::Nftables(_) => false,
         },
@@ -203,15 +234,27 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                 "2001:db8::1".parse()?
             }
         }
-        (None, TraceFrom::Node) => local
-            .iter()
-            .copied()
-            .find(|ip| same_family(ip) && !ip.is_loopback())
-            .unwrap_or(if args.dst.is_ipv4() {
-                "127.0.0.1".parse()?
-            } else {
-                "::1".parse()?
-            }),
+        (None, TraceFrom::Node) => {
+            let node = local
+                .iter()
+                .copied()
+                .find(|ip| same_family(ip) && !ip.is_loopback());
+            match node {
+                Some(ip) => ip,
+                // A process talking to a loopback address uses a loopback source.
+                None if args.dst.is_loopback() => {
+                    if args.dst.is_ipv4() {
+                        "127.0.0.1".parse()?
+                    } else {
+                        "::1".parse()?
+                    }
+                }
+                None => bail!(
+                    "--from node needs the node's address as the packet's source: pass \
+                     --node-ip (or --src)"
+                ),
+            }
+        }
     };
     if !same_family(&src) {
         bail!(
@@ -229,7 +272,12 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         TraceFrom::Node => Entry::Node,
     };
     let packet = match args.proto {
-        TraceProto::Icmp => Packet::ping(src, args.dst, entry),
+        TraceProto::Icmp => {
+            if args.dport.is_some() {
+                bail!("--dport is for tcp, udp and sctp: an icmp echo (ping) has no ports");
+            }
+            Packet::ping(src, args.dst, entry)
+        }
         proto => {
             let dport = args
                 .dport
@@ -243,11 +291,14 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
             p
         }
     };
-    let result = match &rules {
-        Rules::Iptables(r, _) => trace(r, &host, &packet),
+    let mut result = match &rules {
+        Rules::Iptables(r, _, _) => trace(r, &host, &packet),
         Rules::Nftables(r) => trace_nft(r, &host, &packet),
     }
     .map_err(|e| anyhow!("{e}"))?;
+    if let Rules::Iptables(_, _, notes) = &rules {
+        result.notes.splice(0..0, notes.iter().cloned());
+    }
     if args.json {
         println!("{}", result.to_json().map_err(|e| anyhow!("{e}"))?);
     } else {

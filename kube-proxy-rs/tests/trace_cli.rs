@@ -432,3 +432,324 @@ fn traces_live_nftables_rules_in_a_namespace() {
     ]);
     assert!(out.contains("no DNAT"), "{out}");
 }
+
+/// The seed dump without the rules in the built-in chains (PREROUTING, OUTPUT, ...): the
+/// `iptables-save | grep KUBE-` kind of paste.
+fn seed_without_builtin_jumps() -> String {
+    std::fs::read_to_string(SEED_DUMP)
+        .unwrap()
+        .lines()
+        .filter(|l| {
+            !["PREROUTING", "OUTPUT", "POSTROUTING", "INPUT", "FORWARD"]
+                .iter()
+                .any(|c| l.starts_with(&format!("-A {c} ")))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// The outcome lines (`  50.0%  -> ...`) of a trace's text.
+fn outcome_lines(out: &str) -> Vec<&str> {
+    out.lines().filter(|l| l.starts_with("  ")).collect()
+}
+
+#[test]
+fn completes_kube_proxys_jumps_missing_from_a_partial_dump() {
+    let dir = tempfile::tempdir().unwrap();
+    let partial = dir.path().join("partial.txt");
+    std::fs::write(&partial, seed_without_builtin_jumps()).unwrap();
+    let partial = partial.to_str().unwrap();
+    for extra in [
+        &["--dport", "8080"][..],
+        &["--dport", "8080", "--from", "pod", "--src", "10.0.0.9"],
+        &[
+            "--dport",
+            "8080",
+            "--from",
+            "node",
+            "--node-ip",
+            "192.168.56.10",
+        ],
+        &["--dport", "80"],
+        &["--proto", "icmp"],
+    ] {
+        let mut args = vec!["trace", "--rules", SEED_DUMP, "--dst", "10.96.138.71"];
+        args.extend_from_slice(extra);
+        let (ok, full, err) = run(&args);
+        assert!(ok, "{err}");
+        args[2] = partial;
+        let (ok, out, err) = run(&args);
+        assert!(ok, "{err}");
+        assert_eq!(outcome_lines(&full), outcome_lines(&out), "{out}");
+        assert!(
+            out.contains(
+                "note: assumed kube-proxy's jump nat PREROUTING: -A PREROUTING -m comment \
+                 --comment \"kubernetes service portals\" -j KUBE-SERVICES, which the dump \
+                 does not contain"
+            ),
+            "{out}"
+        );
+        assert!(!full.contains("assumed kube-proxy's jump"), "{full}");
+        // The same explanation as for the full dump (for port 80, the packet really
+        // does not match KUBE-SERVICES' rule for port 8080).
+        let no_dnat = |t: &str| {
+            t.lines()
+                .filter(|l| l.starts_with("note: no DNAT"))
+                .map(String::from)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(no_dnat(&full), no_dnat(&out), "{out}");
+    }
+    let (ok, out, _) = run(&[
+        "trace",
+        "--rules",
+        partial,
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+        "--json",
+    ]);
+    assert!(ok);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
+    assert_eq!(v["outcomes"].as_array().map(Vec::len), Some(2));
+    assert!(
+        v["notes"].as_array().unwrap().iter().any(|n| n
+            .as_str()
+            .unwrap()
+            .starts_with("assumed kube-proxy's jump nat PREROUTING")),
+        "{out}"
+    );
+
+    // Only KUBE-SERVICES and a Service's chains, as in the ticket: DNATed, with the note.
+    let kubernetes = dir.path().join("kubernetes.txt");
+    std::fs::write(
+        &kubernetes,
+        "*nat\n\
+         -A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m comment --comment \"default/kubernetes:https cluster IP\" -m tcp --dport 443 -j KUBE-SVC-NPX46M4PTMTKRN6Y\n\
+         -A KUBE-SVC-NPX46M4PTMTKRN6Y -m comment --comment \"default/kubernetes:https -> 192.168.56.10:6443\" -j KUBE-SEP-A\n\
+         -A KUBE-SEP-A -p tcp -m comment --comment \"default/kubernetes:https\" -m tcp -j DNAT --to-destination 192.168.56.10:6443\n",
+    )
+    .unwrap();
+    let (ok, out, err) = run(&[
+        "trace",
+        "--rules",
+        kubernetes.to_str().unwrap(),
+        "--dst",
+        "10.96.0.1",
+        "--dport",
+        "443",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("100.0%  -> KUBE-SEP-A  DNAT 192.168.56.10:6443"),
+        "{out}"
+    );
+    assert!(
+        out.contains("assumed kube-proxy's jump nat PREROUTING"),
+        "{out}"
+    );
+    assert!(!out.contains("no DNAT"), "{out}");
+}
+
+const HAND_RULES: &str = r#"*nat
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A KUBE-SERVICES -d 10.96.0.50/32 -p tcp -m comment --comment "default/web cluster IP" -m tcp --dport 80 -j KUBE-SVC-WEB
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-NODEPORTS -p tcp -m comment --comment "default/web" -m tcp --dport 30080 -j KUBE-EXT-WEB
+-A KUBE-EXT-WEB -j KUBE-SVC-WEB
+-A KUBE-SVC-WEB -j KUBE-SEP-WEB
+-A KUBE-SEP-WEB -p tcp -m tcp -j DNAT --to-destination 10.0.0.4:8080
+*filter
+:FORWARD DROP [0:0]
+-A FORWARD -d 10.0.0.0/16 -j ACCEPT
+COMMIT
+"#;
+
+#[test]
+fn nodeport_without_node_ip_is_uncertain_with_a_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("hand.rules");
+    std::fs::write(&file, HAND_RULES).unwrap();
+    let file = file.to_str().unwrap();
+    let args = [
+        "trace",
+        "--rules",
+        file,
+        "--dst",
+        "192.168.77.10",
+        "--dport",
+        "30080",
+    ];
+    let (ok, out, err) = run(&args);
+    assert!(ok, "{err}");
+    assert!(out.contains("[uncertain]"), "{out}");
+    assert!(
+        out.contains("unknown: nat KUBE-SERVICES rule index 1: whether 192.168.77.10 is an address of this node"),
+        "{out}"
+    );
+    assert!(out.contains("give them with --node-ip"), "{out}");
+
+    // With --node-ip: DNATed to the endpoint, certain, no hint (as before).
+    let mut with = args.to_vec();
+    with.extend(["--node-ip", "192.168.77.10"]);
+    let (ok, out, err) = run(&with);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("100.0%  -> KUBE-SEP-WEB  DNAT 10.0.0.4:8080  forwarded, not masqueraded, filter ACCEPT\n"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("[uncertain]") && !out.contains("--node-ip"),
+        "{out}"
+    );
+
+    // A ClusterIP is never a node address: certain without --node-ip.
+    let (ok, out, _) = run(&[
+        "trace",
+        "--rules",
+        file,
+        "--dst",
+        "10.96.0.50",
+        "--dport",
+        "80",
+    ]);
+    assert!(ok);
+    assert!(
+        out.contains("DNAT 10.0.0.4:8080") && !out.contains("[uncertain]"),
+        "{out}"
+    );
+}
+
+#[test]
+fn rejects_incomplete_or_contradictory_arguments() {
+    // Neither --rules nor --live: the error names both.
+    let (ok, _, err) = run(&["trace", "--dst", "10.96.0.1", "--dport", "443"]);
+    assert!(
+        !ok && err.contains("--rules") && err.contains("--live"),
+        "{err}"
+    );
+    // Both: refused.
+    let (ok, _, err) = run(&[
+        "trace",
+        "--rules",
+        SEED_DUMP,
+        "--live",
+        "--dst",
+        "10.96.0.1",
+        "--dport",
+        "443",
+    ]);
+    assert!(!ok && err.contains("cannot be used with"), "{err}");
+    // An icmp echo has no ports.
+    let (ok, _, err) = run(&[
+        "trace",
+        "--rules",
+        SEED_DUMP,
+        "--dst",
+        "10.96.138.71",
+        "--proto",
+        "icmp",
+        "--dport",
+        "80",
+    ]);
+    assert!(
+        !ok && err.contains("--dport") && err.contains("icmp"),
+        "{err}"
+    );
+    // An empty dump is an error, not an ACCEPT.
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.txt");
+    std::fs::write(&empty, "\n# nothing\n").unwrap();
+    let empty = empty.to_str().unwrap();
+    let (ok, out, err) = run(&[
+        "trace",
+        "--rules",
+        empty,
+        "--dst",
+        "10.96.0.1",
+        "--dport",
+        "443",
+    ]);
+    assert!(
+        !ok && err.contains(&format!("no rules found in {empty}")),
+        "{out}{err}"
+    );
+    // From the node without its address: no made-up loopback source.
+    let (ok, _, err) = run(&[
+        "trace",
+        "--rules",
+        SEED_DUMP,
+        "--from",
+        "node",
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ]);
+    assert!(!ok && err.contains("--node-ip"), "{err}");
+}
+
+#[test]
+fn locally_generated_packets_are_sent_not_forwarded() {
+    let (ok, out, err) = run(&[
+        "trace",
+        "--rules",
+        SEED_DUMP,
+        "--from",
+        "node",
+        "--node-ip",
+        "192.168.56.10",
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("50.0%  -> KUBE-SEP-GS5MQAG4332XHLUZ  DNAT 10.0.0.4:80  sent out,"),
+        "{out}"
+    );
+    assert!(!out.contains("forwarded"), "{out}");
+    // A packet from outside is still forwarded.
+    let (ok, out, _) = run(&[
+        "trace",
+        "--rules",
+        SEED_DUMP,
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ]);
+    assert!(ok && out.contains("forwarded"), "{out}");
+}
+
+/// The jumps the tracer assumes for a partial dump are the ones the proxier installs.
+#[test]
+fn assumed_jumps_are_the_proxiers() {
+    use kp_proxier::iptables::reconcile::{JUMP_RULES, Position};
+    let ours: Vec<(String, String, String, bool)> = JUMP_RULES
+        .iter()
+        .map(|j| {
+            (
+                j.table.to_string(),
+                j.chain.to_string(),
+                j.canonical(),
+                j.position == Position::Append,
+            )
+        })
+        .collect();
+    let assumed: Vec<(String, String, String, bool)> = kp_netfilter::KUBE_PROXY_JUMPS
+        .iter()
+        .map(|j| {
+            (
+                j.table.to_string(),
+                j.chain.to_string(),
+                j.rule.to_string(),
+                j.append,
+            )
+        })
+        .collect();
+    assert_eq!(ours, assumed);
+}

@@ -327,6 +327,17 @@ impl<'a> Core<'a> {
         }
     }
 
+    /// Why a "is `addr` a local address" test is unknown (the node's addresses were not
+    /// given, [`Host::local_addrs_incomplete`]); adds the hint note once.
+    pub(crate) fn unknown_local(&mut self, addr: IpAddr) -> String {
+        self.note(format!(
+            "the node's addresses were not given, so whether {addr} is one of them (a \
+             NodePort or other node-local destination) is not known: give them with \
+             --node-ip (or trace with --live on the node)"
+        ));
+        format!("whether {addr} is an address of this node (address type LOCAL) is not known")
+    }
+
     /// Whether the kernel keeps loopback addresses off non-loopback interfaces: always
     /// for IPv6 `::1`, for IPv4 127.0.0.0/8 unless `route_localnet`.
     fn loopback_confined(&self) -> bool {

@@ -702,7 +702,10 @@ impl<'a> Engine<'a> {
             );
         }
         let mut result = Pure::Yes;
-        for (sel, addr, known) in [(&a.src, st.src, st.src_known), (&a.dst, st.dst, true)] {
+        for (sel, addr, known, dst_side) in [
+            (&a.src, st.src, st.src_known, false),
+            (&a.dst, st.dst, true, true),
+        ] {
             let Some(sel) = sel else { continue };
             if !known {
                 return Pure::Unknown("source address after MASQUERADE is not known".into());
@@ -712,6 +715,12 @@ impl<'a> Engine<'a> {
                     if sel.value.contains(&kind) == sel.negated {
                         return Pure::No;
                     }
+                }
+                None if dst_side
+                    && self.unknown_if_local(addr)
+                    && sel.value.contains(&AddrKind::Local) =>
+                {
+                    return Pure::Unknown(self.core.unknown_local(addr));
                 }
                 None => {
                     // A non-local unicast-looking address: UNICAST if a route exists,
@@ -745,6 +754,31 @@ impl<'a> Engine<'a> {
             }
         }
         result
+    }
+
+    /// Whether `ip` (not a known node, loopback, multicast or broadcast address) may be
+    /// a node address nobody told the tracer about: the node's addresses are not known
+    /// ([`Host::local_addrs_incomplete`]) and `ip` is not a Service's ClusterIP (a nat
+    /// rule `-d IP/32` commented `... cluster IP`), which is never a node address.
+    fn unknown_if_local(&self, ip: IpAddr) -> bool {
+        if !self.core.host.local_addrs_incomplete {
+            return false;
+        }
+        let host = Cidr::host(ip);
+        let Some(nat) = self.rules.tables.get(&Table::Nat) else {
+            return true;
+        };
+        let cluster_ip = nat.chains.values().flat_map(|c| &c.rules).any(|r| {
+            let names = r
+                .matches
+                .iter()
+                .any(|m| matches!(m, Match::Destination { net, negated: false } if *net == host));
+            names
+                && r.matches
+                    .iter()
+                    .any(|m| matches!(m, Match::Comment(c) if c.ends_with("cluster IP")))
+        });
+        !cluster_ip
     }
 
     /// The address type of `ip` when it does not depend on routes.
@@ -809,25 +843,63 @@ impl<'a> Engine<'a> {
     fn finish(mut self, states: Vec<State>) -> Trace {
         let outcomes: Vec<_> = states.into_iter().map(State::into_outcome).collect();
         if self.core.forwards_unchanged(&outcomes) {
-            let n = self.no_dnat_note();
-            self.core.note(n);
+            for n in self.no_dnat_notes(&outcomes) {
+                self.core.note(n);
+            }
         }
         self.core.into_trace(outcomes)
     }
 
-    /// Explains a packet that leaves the node with its original destination.
-    fn no_dnat_note(&self) -> String {
+    /// Explains a packet that leaves the node with its original destination. The nat
+    /// rules that name the destination are sorted by what the trace did with them: a
+    /// rule in a chain no jump leads to from the hook's nat chain is reported as not
+    /// reached (never as a rule the packet does not match); a rule the packet matched is
+    /// not listed; the others are what the packet does not match.
+    fn no_dnat_notes(&self, outcomes: &[crate::Outcome]) -> Vec<String> {
         let p = self.core.packet;
         let host = Cidr::host(p.dst);
+        let nat = Table::Nat.name();
+        let hook = match p.entry {
+            Entry::Node => "OUTPUT",
+            _ => "PREROUTING",
+        };
+        // The nat chains jumps lead to from the hook's chain, whatever the packet.
+        let mut reachable: Vec<&str> = vec![hook];
+        let mut i = 0;
+        while let Some(&name) = reachable.get(i) {
+            i += 1;
+            if let Some(chain) = self.rules.chain(Table::Nat, name) {
+                for c in chain.rules.iter().filter_map(Rule::jump_chain) {
+                    if !reachable.contains(&c) {
+                        reachable.push(c);
+                    }
+                }
+            }
+        }
+        let entered = |chain: &str| reachable.contains(&chain);
+        let matched = |chain: &str, i: usize| {
+            outcomes
+                .iter()
+                .flat_map(|o| &o.steps)
+                .any(|s| s.table == nat && s.chain == chain && s.rule_index == Some(i))
+        };
         let mut reqs: Vec<String> = Vec::new();
         let mut seen: Vec<String> = Vec::new();
-        if let Some(nat) = self.rules.tables.get(&Table::Nat) {
-            for (name, chain) in &nat.chains {
-                for r in &chain.rules {
+        let mut unreached: Vec<&str> = Vec::new();
+        if let Some(tables) = self.rules.tables.get(&Table::Nat) {
+            for (name, chain) in &tables.chains {
+                for (i, r) in chain.rules.iter().enumerate() {
                     let names_dst = r.matches.iter().any(
                         |m| matches!(m, Match::Destination { net, negated: false } if *net == host),
                     );
-                    if names_dst {
+                    if !names_dst {
+                        continue;
+                    }
+                    if !entered(name) {
+                        if !unreached.contains(&name.as_str()) {
+                            unreached.push(name);
+                        }
+                    } else if !matched(name, i) {
                         let (what, req) = requirement(name, r);
                         if !seen.contains(&what) {
                             seen.push(what);
@@ -842,15 +914,30 @@ impl<'a> Engine<'a> {
         } else {
             "the connection attempt gets no answer"
         };
-        self.core.no_dnat_note(&reqs, |shown, more| format!(
-            "no DNAT: nat rules for {} only match {}{more}, which this {} packet does not; it is \
-             routed unchanged towards {}, an address no interface owns (a Service IP in \
-             iptables mode exists only as DNAT rules for its ports), so nothing answers: {why}",
-            p.dst,
-            shown,
-            p.proto,
-            p.dst
-        ))
+        let mut notes = Vec::new();
+        if !unreached.is_empty() {
+            notes.push(format!(
+                "no DNAT: the nat rules for {} are in {}, which the packet never reaches from \
+                 nat {hook} (no rule leads there; a partial dump may lack kube-proxy's jump \
+                 `-A {hook} -j KUBE-SERVICES`), so they were not evaluated; the packet is \
+                 routed unchanged towards {}",
+                p.dst,
+                unreached.join(", "),
+                endpoint(p.dst, p.dport)
+            ));
+        }
+        if !reqs.is_empty() || unreached.is_empty() {
+            notes.push(self.core.no_dnat_note(&reqs, |shown, more| format!(
+                "no DNAT: nat rules for {} only match {}{more}, which this {} packet does not; it \
+                 is routed unchanged towards {}, an address no interface owns (a Service IP in \
+                 iptables mode exists only as DNAT rules for its ports), so nothing answers: {why}",
+                p.dst,
+                shown,
+                p.proto,
+                p.dst
+            )));
+        }
+        notes
     }
 }
 

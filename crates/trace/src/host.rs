@@ -26,6 +26,14 @@ pub struct Host {
     /// that arrive on (or leave by) a non-loopback interface. kube-proxy sets it for
     /// localhost NodePorts. IPv6 has no such switch: `::1` never crosses an interface.
     pub route_localnet: bool,
+    /// Whether [`Host::local_addrs`] may be incomplete: the node's addresses were not
+    /// given (a dump from another node traced without them). Then whether a destination
+    /// outside `local_addrs` is local is unknown: `addrtype --dst-type LOCAL` and
+    /// nftables' `fib daddr type local` on it are reported unknown (the outcome is
+    /// uncertain), except for loopback, multicast and broadcast addresses and a
+    /// Service's ClusterIP, which are never node addresses. The routing decision still
+    /// treats only `local_addrs` as local.
+    pub local_addrs_incomplete: bool,
 }
 
 impl Host {

@@ -63,7 +63,8 @@
 //! `tcp/udp/sctp` ports, `multiport`, `mark`, `conntrack --ctstate` (the packet is NEW;
 //! also DNAT/SNAT once a DNAT/SNAT happened in this trace) and `--ctstatus` (nothing set,
 //! CONFIRMED on the loopback leg), `state` (NEW), `addrtype` (LOCAL from
-//! [`Host::local_addrs`] plus loopback, MULTICAST, BROADCAST for 255.255.255.255 and
+//! [`Host::local_addrs`] plus loopback — a destination's LOCAL is unknown when
+//! [`Host::local_addrs_incomplete`], unless it is a Service's ClusterIP —, MULTICAST, BROADCAST for 255.255.255.255 and
 //! 0.0.0.0; any other address is assumed UNICAST when that matters, with a note),
 //! `statistic` (random: the packet takes the rule with probability P and goes on with
 //! 1−P; nth --every N: the same with 1/N), `recent` (a first connection: `--rcheck` and

@@ -3,14 +3,15 @@
 use std::fmt::Write as _;
 
 use crate::packet::endpoint;
-use crate::result::{Effect, Mode, Outcome, Step, Trace, Verdict};
+use crate::result::{Delivery, Effect, Mode, Outcome, Step, Trace, Verdict};
 use crate::{Entry, Packet};
 
 /// Renders `trace` (of `packet`) for an operator: a header line, the steps every branch
 /// shares (one per line: table, chain, the rule as `iptables-save` prints it — or in
 /// `nft` syntax for nftables — and what it did), then one line per branch (probability,
 /// the chain that DNATed it, the new destination, where it goes, whether it is
-/// masqueraded, the verdict), then anything unknown and the notes.
+/// masqueraded, the verdict), then anything unknown and the notes. A packet from the node
+/// that leaves it is "sent out" (not "forwarded").
 ///
 /// ```text
 /// packet tcp 192.168.56.100:40000 -> 10.96.138.71:8080 from external (PREROUTING)
@@ -58,7 +59,7 @@ pub fn render_text(trace: &Trace, packet: &Packet) -> String {
         }
     }
     for o in &trace.outcomes {
-        let _ = writeln!(out, "{}", outcome_line(o, trace));
+        let _ = writeln!(out, "{}", outcome_line(o, trace, packet));
     }
     let mut seen: Vec<&str> = Vec::new();
     for u in trace.outcomes.iter().flat_map(|o| &o.unknown) {
@@ -107,7 +108,7 @@ fn step_line(s: &Step) -> String {
     }
 }
 
-fn outcome_line(o: &Outcome, trace: &Trace) -> String {
+fn outcome_line(o: &Outcome, trace: &Trace, packet: &Packet) -> String {
     let target = match o.dnat {
         Some((ip, port)) => {
             let chain = o
@@ -144,9 +145,13 @@ fn outcome_line(o: &Outcome, trace: &Trace) -> String {
         }
     };
     let flag = if o.uncertain { "  [uncertain]" } else { "" };
+    // A locally generated packet is not forwarded: it is sent out of the node.
+    let delivery = match (o.delivery, &packet.entry) {
+        (Delivery::Forwarded, Entry::Node) => "sent out".to_string(),
+        (d, _) => d.to_string(),
+    };
     format!(
-        "  {:5.1}%  {target}  {}, {masq}, {verdict}{flag}",
+        "  {:5.1}%  {target}  {delivery}, {masq}, {verdict}{flag}",
         o.probability * 100.0,
-        o.delivery
     )
 }

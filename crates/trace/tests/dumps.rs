@@ -671,3 +671,41 @@ fn input_errors() {
     };
     assert!(trace(&rules, &host, &other).is_ok());
 }
+
+#[test]
+fn nodeport_without_the_node_addresses_is_uncertain() {
+    let rules = kube_dump("", NODEPORT_NAT);
+    let p = Packet::tcp(ip("192.168.56.100"), 40000, ip(NODE), 30080, external());
+    // The node's addresses are not known (a dump traced without --node-ip): whether
+    // `addrtype --dst-type LOCAL` matches is unknown; the outcome says so.
+    let mut host = Host::new([]);
+    host.local_addrs_incomplete = true;
+    let t = trace(&rules, &host, &p).unwrap();
+    let text = render_text(&t, &p);
+    println!("{text}");
+    assert!(t.is_uncertain(), "{text}");
+    assert!(text.contains("[uncertain]"), "{text}");
+    assert!(
+        t.outcomes[0]
+            .unknown
+            .iter()
+            .any(|u| u.contains("--dst-type LOCAL -j KUBE-NODEPORTS")
+                && u.contains("whether 192.168.56.10 is an address of this node")),
+        "{text}"
+    );
+    assert!(t.notes.iter().any(|n| n.contains("--node-ip")), "{text}");
+
+    // With the address given, the NodePort is certain and DNATed, as before.
+    let mut host = node_host();
+    host.local_addrs_incomplete = true;
+    let t = trace(&rules, &host, &p).unwrap();
+    assert!(!t.is_uncertain());
+    assert_eq!(t.outcomes[0].dnat, Some((ip("10.0.0.4"), Some(8080))));
+
+    // A Service's ClusterIP is never a node address: a ping to it stays certain.
+    let mut host = Host::new([]);
+    host.local_addrs_incomplete = true;
+    let p = Packet::ping(ip("192.168.56.100"), ip("10.96.0.20"), external());
+    let t = trace(&rules, &host, &p).unwrap();
+    assert!(!t.is_uncertain(), "{}", render_text(&t, &p));
+}

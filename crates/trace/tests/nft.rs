@@ -818,3 +818,69 @@ add rule inet f fw fib daddr type != local tcp dport 8080 reject with tcp reset
         o.unknown
     );
 }
+
+#[test]
+fn nodeport_without_the_node_addresses_is_uncertain() {
+    if !require_root() {
+        return;
+    }
+    let rules = load(&format!("{}{SVC1}", base("ip")));
+    let p = Packet::tcp(ip("203.0.113.2"), 40000, ip(NODE), 3001, external());
+    // The node's addresses are not known (a dump traced without --node-ip): whether
+    // `fib daddr type local` matches is unknown, and the trace says so.
+    let mut host = Host::new([]);
+    host.local_addrs_incomplete = true;
+    let t = run(&rules, &host, &p);
+    println!("{}", render_text(&t, &p));
+    assert!(t.is_uncertain());
+    assert!(
+        t.outcomes[0]
+            .unknown
+            .iter()
+            .any(|u| u.contains("whether 192.168.0.2 is an address of this node")),
+        "{:?}",
+        t.outcomes[0].unknown
+    );
+    assert!(
+        t.notes.iter().any(|n| n.contains("--node-ip")),
+        "{:?}",
+        t.notes
+    );
+
+    // A ClusterIP (in @cluster-ips) is never a node address: still certain.
+    let p = Packet::tcp(ip("10.0.0.9"), 40000, ip("172.30.0.41"), 80, pod());
+    let t = run(&rules, &host, &p);
+    assert!(!t.is_uncertain(), "{}", render_text(&t, &p));
+}
+
+#[test]
+fn a_kube_proxy_table_without_base_chains_is_not_explained_as_a_mismatch() {
+    if !require_root() {
+        return;
+    }
+    // Only the non-base chains of kube-proxy's table, with the Service's map element.
+    let full = format!("{}{SVC1}", base("ip"));
+    let partial: String = full
+        .lines()
+        .filter(|l| !l.contains("hook "))
+        .filter(|l| {
+            !["filter-", "nat-"]
+                .iter()
+                .any(|c| l.starts_with(&format!("add rule ip kube-proxy {c}")))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let rules = load(&partial);
+    let p = Packet::tcp(ip("10.0.0.9"), 40000, ip("172.30.0.41"), 80, pod());
+    let t = run(&rules, &node(), &p);
+    println!("{}", render_text(&t, &p));
+    assert_eq!(t.outcomes[0].dnat, None);
+    assert!(
+        t.notes.iter().any(|n| n.contains("no base chain")),
+        "{:?}",
+        t.notes
+    );
+    let note = t.notes.iter().find(|n| n.starts_with("no DNAT")).unwrap();
+    assert!(!note.contains("which this tcp packet is not"), "{note}");
+    assert!(note.contains("no rule looked them up"), "{note}");
+}

@@ -140,7 +140,18 @@ fn ping_to_clusterip_is_routed_unchanged() {
         assert!(note.contains("tcp dport 8080"), "{note}");
         assert!(note.contains("cannot be pinged"), "{note}");
         let text = render_text(&t, &p);
-        assert!(text.contains("  100.0%  no DNAT (10.96.138.71 unchanged)  forwarded"));
+        // A ping from the node is sent out, not forwarded.
+        let how = if p.entry == Entry::Node {
+            "sent out"
+        } else {
+            "forwarded"
+        };
+        assert!(
+            text.contains(&format!(
+                "  100.0%  no DNAT (10.96.138.71 unchanged)  {how}"
+            )),
+            "{text}"
+        );
     }
 }
 
@@ -174,4 +185,79 @@ fn partial_seed_dump_is_completed() {
         rs.chain(kp_netfilter::Table::Filter, "KUBE-PROXY-FIREWALL")
             .is_some()
     );
+}
+
+/// The seed's lines without the jumps from the built-in chains (what
+/// `iptables-save | grep KUBE-` style pastes look like).
+fn seed_without_builtin_jumps() -> kp_netfilter::Ruleset {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/seed-nginx/expected-iptables-save.txt"
+    ))
+    .expect("seed file");
+    let stripped: String = text
+        .lines()
+        .filter(|l| {
+            !["PREROUTING", "OUTPUT", "POSTROUTING", "INPUT", "FORWARD"]
+                .iter()
+                .any(|c| l.starts_with(&format!("-A {c} ")))
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    load(&stripped)
+}
+
+#[test]
+fn without_builtin_jumps_nothing_is_reached_and_the_note_says_so() {
+    let rules = seed_without_builtin_jumps();
+    let p = Packet::tcp(ip("192.168.56.100"), 40000, ip(VIP), 8080, external());
+    let t = trace(&rules, &node_host(), &p).unwrap();
+    println!("{}", render_text(&t, &p));
+    assert_eq!(t.outcomes[0].dnat, None);
+    let note = t.notes.iter().find(|n| n.starts_with("no DNAT")).unwrap();
+    // Never "only match tcp dport 8080 ..., which this tcp packet does not".
+    assert!(
+        !t.notes
+            .iter()
+            .any(|n| n.contains("which this tcp packet does not"))
+    );
+    assert!(note.contains("in KUBE-SERVICES"), "{note}");
+    assert!(note.contains("never reaches from nat PREROUTING"), "{note}");
+}
+
+#[test]
+fn completing_kube_proxys_jumps_gives_the_full_dumps_outcomes() {
+    let mut rules = seed_without_builtin_jumps();
+    let added = kp_netfilter::complete_kube_proxy_jumps(&mut rules);
+    assert!(
+        added
+            .iter()
+            .any(|a| a.starts_with("nat PREROUTING: ") && a.ends_with("-j KUBE-SERVICES")),
+        "{added:?}"
+    );
+    for (src, entry, dport) in [
+        ("192.168.56.100", external(), 8080),
+        ("10.0.0.9", pod(), 8080),
+        ("192.168.56.10", Entry::Node, 8080),
+        ("192.168.56.100", external(), 80),
+    ] {
+        let p = Packet::tcp(ip(src), 40000, ip(VIP), dport, entry);
+        let full = trace(&seed(), &node_host(), &p).unwrap();
+        let partial = trace(&rules, &node_host(), &p).unwrap();
+        let ends = |t: &kp_trace::Trace| {
+            t.outcomes
+                .iter()
+                .map(|o| {
+                    (
+                        o.dnat,
+                        o.masquerade,
+                        o.delivery,
+                        o.verdict.clone(),
+                        o.uncertain,
+                    )
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ends(&full), ends(&partial), "{}", render_text(&partial, &p));
+    }
 }

@@ -1,11 +1,18 @@
 //! Completing partial `iptables-save` dumps: what operators paste into tickets is often just
 //! the interesting `-A` lines (the seed example is such a dump). [`complete_partial_save`]
 //! turns such text into a loadable document.
+//!
+//! Such dumps often lack the rules that lead into kube-proxy's chains from the built-in
+//! ones (`iptables-save -t nat | grep KUBE` keeps `KUBE-SERVICES` but drops
+//! `-A PREROUTING ... -j KUBE-SERVICES`); without them nothing in kube-proxy's chains is
+//! ever reached. [`complete_kube_proxy_jumps`] adds the jumps kube-proxy installs
+//! ([`KUBE_PROXY_JUMPS`]) where the dump has the target chain but not the jump, and says
+//! which it added, so that a tracer can tell its user.
 
 use std::fmt::Write as _;
 
-use super::ir::Table;
-use super::spec::is_target_name;
+use super::ir::{Rule, Ruleset, Table};
+use super::spec::{is_target_name, parse_rule};
 use super::tokenize::tokenize;
 use crate::ParseError;
 
@@ -98,6 +105,189 @@ pub fn complete_partial_save(text: &str) -> Result<(String, usize), ParseError> 
     Ok((out, added))
 }
 
+/// One rule kube-proxy installs in a built-in chain to jump into its own chains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KubeProxyJump {
+    /// The table.
+    pub table: Table,
+    /// The built-in chain.
+    pub chain: &'static str,
+    /// The rule in canonical `iptables-save` form (`-A CHAIN ... -j TARGET`).
+    pub rule: &'static str,
+    /// kube-proxy's chain it jumps to.
+    pub target: &'static str,
+    /// Whether kube-proxy appends it (`-A`; kubelet's `KUBE-FIREWALL`) rather than
+    /// inserting it at the top of the chain (`-I CHAIN 1`).
+    pub append: bool,
+}
+
+const fn jump(
+    table: Table,
+    chain: &'static str,
+    rule: &'static str,
+    target: &'static str,
+    append: bool,
+) -> KubeProxyJump {
+    KubeProxyJump {
+        table,
+        chain,
+        rule,
+        target,
+        append,
+    }
+}
+
+/// The jumps from the built-in chains that kube-proxy (iptables mode, upstream's and
+/// ours) ensures, grouped by built-in chain, each group in its final top-to-bottom order
+/// (the same list as `kp_proxier::iptables::reconcile::JUMP_RULES`; a test checks).
+pub const KUBE_PROXY_JUMPS: &[KubeProxyJump] = &[
+    jump(
+        Table::Filter,
+        "INPUT",
+        "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
+        "KUBE-PROXY-FIREWALL",
+        false,
+    ),
+    jump(
+        Table::Filter,
+        "INPUT",
+        "-A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS",
+        "KUBE-NODEPORTS",
+        false,
+    ),
+    jump(
+        Table::Filter,
+        "INPUT",
+        "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES",
+        "KUBE-EXTERNAL-SERVICES",
+        false,
+    ),
+    jump(
+        Table::Filter,
+        "INPUT",
+        "-A INPUT -j KUBE-FIREWALL",
+        "KUBE-FIREWALL",
+        true,
+    ),
+    jump(
+        Table::Filter,
+        "FORWARD",
+        "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
+        "KUBE-PROXY-FIREWALL",
+        false,
+    ),
+    jump(
+        Table::Filter,
+        "FORWARD",
+        "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD",
+        "KUBE-FORWARD",
+        false,
+    ),
+    jump(
+        Table::Filter,
+        "FORWARD",
+        "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+        "KUBE-SERVICES",
+        false,
+    ),
+    jump(
+        Table::Filter,
+        "FORWARD",
+        "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES",
+        "KUBE-EXTERNAL-SERVICES",
+        false,
+    ),
+    jump(
+        Table::Filter,
+        "OUTPUT",
+        "-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
+        "KUBE-PROXY-FIREWALL",
+        false,
+    ),
+    jump(
+        Table::Filter,
+        "OUTPUT",
+        "-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+        "KUBE-SERVICES",
+        false,
+    ),
+    jump(
+        Table::Filter,
+        "OUTPUT",
+        "-A OUTPUT -j KUBE-FIREWALL",
+        "KUBE-FIREWALL",
+        true,
+    ),
+    jump(
+        Table::Nat,
+        "PREROUTING",
+        "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+        "KUBE-SERVICES",
+        false,
+    ),
+    jump(
+        Table::Nat,
+        "OUTPUT",
+        "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+        "KUBE-SERVICES",
+        false,
+    ),
+    jump(
+        Table::Nat,
+        "POSTROUTING",
+        "-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING",
+        "KUBE-POSTROUTING",
+        false,
+    ),
+];
+
+/// Adds to `rules` each of [`KUBE_PROXY_JUMPS`] whose target chain the ruleset has (in
+/// that table) while its built-in chain has no rule jumping (`-j`/`-g`) to that chain: a
+/// dump with kube-proxy's chains but not kube-proxy's jumps is partial, and kube-proxy
+/// would have installed them. Inserted jumps go at the top of the built-in chain (in
+/// kube-proxy's order), appended ones at its end; a missing built-in chain is created
+/// (policy ACCEPT). Returns the added jumps as `table CHAIN: rule`, in list order. Meant
+/// for dumps, not for a node's live rules (where a missing jump is a real problem to
+/// show, not to complete).
+pub fn complete_kube_proxy_jumps(rules: &mut Ruleset) -> Vec<String> {
+    let mut added = Vec::new();
+    let mut prepended: Vec<(Table, &str)> = Vec::new();
+    for j in KUBE_PROXY_JUMPS {
+        let Some(table) = rules.tables.get_mut(&j.table) else {
+            continue;
+        };
+        if !table.chains.contains_key(j.target) {
+            continue;
+        }
+        let chain = table
+            .chains
+            .entry(j.chain.to_string())
+            .or_insert_with(|| super::ir::Chain::builtin("ACCEPT"));
+        if chain.rules.iter().any(|r| r.jump_chain() == Some(j.target)) {
+            continue;
+        }
+        let Some(rule) = jump_rule(j) else { continue };
+        if j.append {
+            chain.rules.push(rule);
+        } else {
+            // After the jumps this function already put at the top of this chain.
+            let at = prepended
+                .iter()
+                .filter(|(t, c)| *t == j.table && *c == j.chain)
+                .count();
+            chain.rules.insert(at, rule);
+            prepended.push((j.table, j.chain));
+        }
+        added.push(format!("{} {}: {}", j.table, j.chain, j.rule));
+    }
+    added
+}
+
+fn jump_rule(j: &KubeProxyJump) -> Option<Rule> {
+    let toks = tokenize(j.rule).ok()?;
+    parse_rule(j.chain, toks.get(2..)?).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -119,6 +309,64 @@ mod tests {
         let (text, added) = complete_partial_save(full).unwrap();
         assert_eq!(added, 0);
         assert_eq!(parse_save(&text).unwrap(), parse_save(full).unwrap());
+    }
+
+    #[test]
+    fn kube_proxy_jumps_parse() {
+        for j in KUBE_PROXY_JUMPS {
+            let r = jump_rule(j).unwrap_or_else(|| panic!("{}", j.rule));
+            assert_eq!(r.to_string(), j.rule);
+            assert_eq!(r.jump_chain(), Some(j.target));
+        }
+    }
+
+    #[test]
+    fn missing_kube_proxy_jumps_are_completed() {
+        let partial = "*nat\n-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 443 -j KUBE-SVC-X\n-A KUBE-SVC-X -j DNAT --to-destination 10.0.0.4:6443\n*filter\n-A INPUT -j ACCEPT\n-A INPUT -j KUBE-FIREWALL\n-A KUBE-FIREWALL -j RETURN\n-A KUBE-FORWARD -j ACCEPT\n";
+        let (text, _) = complete_partial_save(partial).unwrap();
+        let mut rules = parse_save(&text).unwrap();
+        let added = complete_kube_proxy_jumps(&mut rules);
+        assert_eq!(
+            added,
+            [
+                "filter FORWARD: -A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD",
+                "filter OUTPUT: -A OUTPUT -j KUBE-FIREWALL",
+                "nat PREROUTING: -A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+                "nat OUTPUT: -A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+            ]
+        );
+        let pre = rules.chain(Table::Nat, "PREROUTING").unwrap();
+        assert_eq!(pre.rules[0].jump_chain(), Some("KUBE-SERVICES"));
+        // The INPUT jump the dump has is kept as it is, not duplicated.
+        let input = rules.chain(Table::Filter, "INPUT").unwrap();
+        assert_eq!(input.rules.len(), 2);
+        // A second pass adds nothing; neither does a complete dump.
+        assert!(complete_kube_proxy_jumps(&mut rules).is_empty());
+    }
+
+    #[test]
+    fn inserted_jumps_keep_kube_proxys_order() {
+        let partial = "*filter\n-A FORWARD -j ACCEPT\n-A KUBE-PROXY-FIREWALL -j RETURN\n-A KUBE-FORWARD -j ACCEPT\n-A KUBE-SERVICES -j RETURN\n-A KUBE-EXTERNAL-SERVICES -j RETURN\n";
+        let (text, _) = complete_partial_save(partial).unwrap();
+        let mut rules = parse_save(&text).unwrap();
+        assert_eq!(complete_kube_proxy_jumps(&mut rules).len(), 8);
+        let fwd: Vec<_> = rules
+            .chain(Table::Filter, "FORWARD")
+            .unwrap()
+            .rules
+            .iter()
+            .map(|r| r.jump_chain().unwrap_or("-"))
+            .collect();
+        assert_eq!(
+            fwd,
+            [
+                "KUBE-PROXY-FIREWALL",
+                "KUBE-FORWARD",
+                "KUBE-SERVICES",
+                "KUBE-EXTERNAL-SERVICES",
+                "-"
+            ]
+        );
     }
 
     #[test]

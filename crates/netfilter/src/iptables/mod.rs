@@ -23,7 +23,9 @@ mod runner;
 mod spec;
 mod tokenize;
 
-pub use complete::complete_partial_save;
+pub use complete::{
+    KUBE_PROXY_JUMPS, KubeProxyJump, complete_kube_proxy_jumps, complete_partial_save,
+};
 pub use fake::FakeIptables;
 pub use ir::{
     AddrKind, AddrType, Chain, Cidr, ConnState, Conntrack, Counters, CtStatus, HOOK_ORDER,

@@ -255,6 +255,16 @@ impl<'a> Engine<'a> {
     /// device hooks (`ingress`, `egress`).
     fn unevaluated_chains(&mut self) {
         for t in &self.rules.tables {
+            let no_base = !t.chains.is_empty() && t.chains.values().all(|c| c.base.is_none());
+            if t.name == "kube-proxy" && self.applies(t.family) && no_base {
+                self.core.note(format!(
+                    "{} has chains but no base chain (none is attached to a netfilter hook), \
+                     so nothing in it is reached; the dump looks partial: kube-proxy's base \
+                     chains (nat-prerouting, nat-output, filter-input, ...) are not assumed \
+                     — dump the whole table (`nft -j list ruleset`)",
+                    t.label()
+                ));
+            }
             for c in t.chains.values() {
                 let Some(b) = &c.base else { continue };
                 let device_hook = matches!(b.hook.as_str(), "ingress" | "egress");
@@ -1075,6 +1085,12 @@ impl<'a> Engine<'a> {
         }
         let mut names: Vec<String> = Vec::new();
         collect_strs(lit, &mut names);
+        if !flags.iter().any(|f| f == "saddr")
+            && names.iter().any(|n| n == "local")
+            && self.unknown_if_local(addr)
+        {
+            return Some(self.core.unknown_local(addr));
+        }
         let routed = [
             "anycast",
             "blackhole",
@@ -1095,6 +1111,24 @@ impl<'a> Engine<'a> {
             ));
         }
         None
+    }
+
+    /// Whether `ip` may be a node address nobody told the tracer about: the node's
+    /// addresses are not known ([`crate::Host::local_addrs_incomplete`]) and `ip` is not
+    /// in a kube-proxy table's `cluster-ips` set (a ClusterIP is never a node address).
+    fn unknown_if_local(&self, ip: IpAddr) -> bool {
+        if !self.core.host.local_addrs_incomplete {
+            return false;
+        }
+        let cluster_ip = self
+            .rules
+            .tables
+            .iter()
+            .filter(|t| t.name == "kube-proxy")
+            .filter_map(|t| t.sets.get("cluster-ips"))
+            .flat_map(|s| &s.elements)
+            .any(|e| matches!(&e.key, Lit::Str(a) if a.parse::<IpAddr>().ok() == Some(ip)));
+        !cluster_ip
     }
 
     /// The route type of `ip` when it does not depend on routes.
@@ -1586,6 +1620,10 @@ impl<'a> Engine<'a> {
     fn no_dnat_note(&self) -> String {
         let p = self.core.packet;
         let mut listed: Vec<String> = Vec::new();
+        // Elements the packet would match: their map was never looked up.
+        let mut not_looked_up: Vec<String> = Vec::new();
+        let proto = p.proto.to_string();
+        let dport = p.dport.map(|d| d.to_string());
         for t in self.rules.tables.iter().filter(|t| self.applies(t.family)) {
             for s in t.sets.values() {
                 if !s.is_map || s.data_type.as_deref() != Some("verdict") {
@@ -1604,8 +1642,16 @@ impl<'a> Engine<'a> {
                         .map(|l| lit_text(l, Kind::Unknown))
                         .collect();
                     let item = format!("{} in @{}", rest.join(" . "), s.name);
-                    if !listed.contains(&item) {
-                        listed.push(item);
+                    let matches_packet = rest.first() == Some(&proto)
+                        && rest.get(1).map(String::as_str) == dport.as_deref()
+                        && rest.len() == 2;
+                    let list = if matches_packet {
+                        &mut not_looked_up
+                    } else {
+                        &mut listed
+                    };
+                    if !list.contains(&item) {
+                        list.push(item);
                     }
                 }
             }
@@ -1615,6 +1661,16 @@ impl<'a> Engine<'a> {
         } else {
             "so the connection attempt gets no answer"
         };
+        if !not_looked_up.is_empty() {
+            return format!(
+                "no DNAT: kube-proxy's maps list {} as {}, which matches this packet, but no \
+                 rule looked them up for it (the rules that use them were not reached from \
+                 any base chain); it is routed unchanged towards {}",
+                p.dst,
+                not_looked_up.join("; "),
+                endpoint(p.dst, p.dport)
+            );
+        }
         self.core.no_dnat_note(&listed, |shown, more| format!(
             "no DNAT: kube-proxy's maps list {} only as {}{more}, which this {} packet is not; it \
              is routed unchanged towards {}, an address no interface owns (a Service IP exists \
