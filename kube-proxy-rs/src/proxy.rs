@@ -514,13 +514,15 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                         fake: FakeIptables::new(version),
                         sink,
                     };
-                    let proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?;
+                    let proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?
+                        .with_zero_counters_on_full_sync(args.iptables_zero_counters_on_full_sync);
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
                     spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (false, false) => {
                     let ipt = ExecIptables::new(version, backend);
-                    let mut proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?;
+                    let mut proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?
+                        .with_zero_counters_on_full_sync(args.iptables_zero_counters_on_full_sync);
                     if let Some(ct) = conntrack() {
                         proxier = proxier.with_conntrack(ct);
                     }
