@@ -177,21 +177,11 @@ impl fmt::Debug for ChainList {
     }
 }
 
-impl FromIterator<String> for ChainList {
-    fn from_iter<T: IntoIterator<Item = String>>(iter: T) -> Self {
+impl<S: AsRef<str>> FromIterator<S> for ChainList {
+    fn from_iter<T: IntoIterator<Item = S>>(iter: T) -> Self {
         let mut list = ChainList::default();
         for name in iter {
-            list.push(&name);
-        }
-        list
-    }
-}
-
-impl<'a> FromIterator<&'a str> for ChainList {
-    fn from_iter<T: IntoIterator<Item = &'a str>>(iter: T) -> Self {
-        let mut list = ChainList::default();
-        for name in iter {
-            list.push(name);
+            list.push(name.as_ref());
         }
         list
     }
@@ -317,21 +307,11 @@ impl fmt::Debug for ChainSet {
     }
 }
 
-impl FromIterator<String> for ChainSet {
-    fn from_iter<T: IntoIterator<Item = String>>(iter: T) -> Self {
+impl<S: AsRef<str>> FromIterator<S> for ChainSet {
+    fn from_iter<T: IntoIterator<Item = S>>(iter: T) -> Self {
         let mut set = ChainSet::default();
         for name in iter {
-            set.insert(&name);
-        }
-        set
-    }
-}
-
-impl<'a> FromIterator<&'a str> for ChainSet {
-    fn from_iter<T: IntoIterator<Item = &'a str>>(iter: T) -> Self {
-        let mut set = ChainSet::default();
-        for name in iter {
-            set.insert(name);
+            set.insert(name.as_ref());
         }
         set
     }
