@@ -207,8 +207,12 @@ pub fn apply_conntrack(settings: &ConntrackSettings) {
     }
 }
 
-/// Writes `value` to `path` (`/proc/self/oom_score_adj`); a warning if it cannot.
+/// Writes `value` to `path` (`/proc/self/oom_score_adj`) unless it holds that value already;
+/// a warning if it cannot.
 pub fn apply_oom_score_adj_at(path: &Path, value: i32) -> bool {
+    if std::fs::read_to_string(path).is_ok_and(|cur| cur.trim() == value.to_string()) {
+        return true;
+    }
     match std::fs::write(path, format!("{value}\n")) {
         Ok(()) => {
             info!(oom_score_adj = value, "set oom_score_adj");

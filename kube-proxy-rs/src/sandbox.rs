@@ -562,6 +562,10 @@ impl Sandbox<'_> {
             .arg(self.node_name)
             .arg("--cluster-cidr")
             .arg(self.cluster_cidr.to_string())
+            // Machine-wide settings a sandbox must not touch: the conntrack table size is
+            // global to the host, and the proxy runs with the sandbox's own OOM score.
+            .arg("--conntrack-max-per-core=0")
+            .arg("--oom-score-adj=0")
             .stdout(log_file.try_clone().context("proxy log")?)
             .stderr(log_file);
         let started = Instant::now();
