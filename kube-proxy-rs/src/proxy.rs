@@ -555,9 +555,12 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         tokio::pin!(signal);
         let mut result: anyhow::Result<()> = Ok(());
         let mut source_done = false;
+        // A completed future must not be polled again: each branch runs once.
+        let mut signalled = false;
         loop {
             tokio::select! {
-                () = &mut signal => {
+                () = &mut signal, if !signalled => {
+                    signalled = true;
                     let _ = stop_tx.send(true);
                 }
                 s = &mut source, if !source_done => {

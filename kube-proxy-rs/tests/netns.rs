@@ -329,6 +329,62 @@ fn resync_is_identical_and_cleanup_restores_the_tables(mode: Mode) {
     assert!(ok, "a second cleanup is a no-op: {err}");
 }
 
+/// The daemon stops cleanly on SIGTERM (a Pod deletion) and SIGINT: exit status 0, no
+/// panic, and the programmed rules stay in place for the next instance.
+fn daemon_stops_cleanly_on_signals(mode: Mode) {
+    if !require_root() {
+        return;
+    }
+    for signal in ["TERM", "INT"] {
+        let dir = tempdir();
+        let manifest = seed_and_extra_manifest(dir.path());
+        let ns = Netns::new("signal").unwrap();
+        let mut args = vec!["--manifests", manifest.as_str()];
+        args.extend(NODE_ARGS);
+        let mut proxy = Daemon::start(mode, &ns, dir.path(), &args, None);
+        proxy.wait_programmed(&ns);
+        let programmed = mode.ruleset(&ns);
+        let pid = proxy.guard.id().to_string();
+        let sent = Command::new("kill")
+            .args([format!("-{signal}").as_str(), pid.as_str()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let started = Instant::now();
+        let status = loop {
+            if let Some(status) = proxy.guard.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "SIG{signal}: still running after 10 s\n{}",
+                proxy.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = proxy.log();
+        assert!(
+            status.success() && !log.contains("panicked"),
+            "SIG{signal}: {status}\n{log}"
+        );
+        assert_eq!(
+            mode.ruleset(&ns),
+            programmed,
+            "SIG{signal}: the rules stay in place"
+        );
+    }
+}
+
+#[test]
+fn daemon_stops_cleanly_on_signals_iptables() {
+    daemon_stops_cleanly_on_signals(Mode::Iptables);
+}
+
+#[test]
+fn daemon_stops_cleanly_on_signals_nftables() {
+    daemon_stops_cleanly_on_signals(Mode::Nftables);
+}
+
 #[test]
 fn resync_is_identical_and_cleanup_restores_the_tables_iptables() {
     resync_is_identical_and_cleanup_restores_the_tables(Mode::Iptables);
