@@ -81,6 +81,20 @@ fn null_as_empty<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Erro
     Ok(Option::<Vec<String>>::deserialize(d)?.unwrap_or_default())
 }
 
+/// Removes `null` members, recursively. Upstream's decoder leaves a field that is `null` at
+/// its zero value, which defaulting then fills; kubeadm's file has such fields
+/// (`ipvs.excludeCIDRs: null`).
+fn strip_nulls(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(members) => {
+            members.retain(|_, m| !m.is_null());
+            members.values_mut().for_each(strip_nulls);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(strip_nulls),
+        _ => {}
+    }
+}
+
 fn secs(n: u64) -> GoDuration {
     GoDuration(Duration::from_secs(n))
 }
@@ -384,14 +398,61 @@ impl KubeProxyConfiguration {
     /// # Errors
     /// As [`load`](Self::load).
     pub fn parse(text: &str) -> anyhow::Result<Self> {
-        let value: serde_json::Value =
+        let mut value: serde_json::Value =
             serde_saphyr::from_str(text).map_err(|e| anyhow::anyhow!("cannot parse YAML: {e}"))?;
-        let cfg: KubeProxyConfiguration = serde_path_to_error::deserialize(value).map_err(|e| {
-            let path = e.path().to_string();
-            anyhow::anyhow!("{path}: {}", e.into_inner())
-        })?;
+        strip_nulls(&mut value);
+        let mut cfg: KubeProxyConfiguration =
+            serde_path_to_error::deserialize(value).map_err(|e| {
+                let path = e.path().to_string();
+                anyhow::anyhow!("{path}: {}", e.into_inner())
+            })?;
+        cfg.apply_defaults();
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Upstream's defaulting of zero values (`SetDefaults_KubeProxyConfiguration`): a sync
+    /// period of `0s`, an empty bind address, an empty content type or a zero QPS in the file
+    /// mean "the default", as kubeadm's generated file relies on (it writes
+    /// `iptables.syncPeriod: 0s`, `healthzBindAddress: ""`, ...).
+    pub fn apply_defaults(&mut self) {
+        let d = KubeProxyConfiguration::default();
+        let zero = |v: &mut GoDuration, default: &GoDuration| {
+            if v.0.is_zero() {
+                *v = *default;
+            }
+        };
+        zero(&mut self.iptables.sync_period, &d.iptables.sync_period);
+        zero(
+            &mut self.iptables.min_sync_period,
+            &d.iptables.min_sync_period,
+        );
+        zero(&mut self.nftables.sync_period, &d.nftables.sync_period);
+        zero(
+            &mut self.nftables.min_sync_period,
+            &d.nftables.min_sync_period,
+        );
+        zero(&mut self.ipvs.sync_period, &d.ipvs.sync_period);
+        zero(&mut self.config_sync_period, &d.config_sync_period);
+        for (v, default) in [
+            (&mut self.bind_address, &d.bind_address),
+            (&mut self.healthz_bind_address, &d.healthz_bind_address),
+            (&mut self.metrics_bind_address, &d.metrics_bind_address),
+            (
+                &mut self.client_connection.content_type,
+                &d.client_connection.content_type,
+            ),
+        ] {
+            if v.trim().is_empty() {
+                v.clone_from(default);
+            }
+        }
+        if self.client_connection.qps == 0.0 {
+            self.client_connection.qps = d.client_connection.qps;
+        }
+        if self.client_connection.burst == 0 {
+            self.client_connection.burst = d.client_connection.burst;
+        }
     }
 
     /// Checks what upstream's validation checks that matters here.
@@ -570,7 +631,10 @@ pub fn apply(
     if set("conntrack_tcp_be_liberal") {
         args.conntrack_tcp_be_liberal = cfg.conntrack.tcp_be_liberal;
     }
-    if set("kubeconfig") && !cfg.client_connection.kubeconfig.is_empty() {
+    // With --manifests the objects come from files; the file's kubeconfig (kubeadm's always
+    // has one) is not a second source.
+    if set("kubeconfig") && args.manifests.is_none() && !cfg.client_connection.kubeconfig.is_empty()
+    {
         args.kubeconfig = Some(cfg.client_connection.kubeconfig.clone().into());
     }
     if set("healthz_bind_address") {
@@ -815,7 +879,8 @@ detectLocalMode: ""
 "#;
         let cfg = KubeProxyConfiguration::parse(text).unwrap();
         assert_eq!(cfg.cluster_cidr, "10.244.0.0/16");
-        assert_eq!(cfg.iptables.min_sync_period, GoDuration(Duration::ZERO));
+        // Upstream defaults a zero minSyncPeriod to 1s (SetDefaults_KubeProxyConfiguration).
+        assert_eq!(cfg.iptables.min_sync_period, secs(1));
         assert_eq!(
             cfg.healthz_bind_address, "0.0.0.0:10256",
             "absent fields take upstream's defaults"
@@ -868,5 +933,29 @@ detectLocalMode: ""
             KubeProxyConfiguration::parse(&yaml).unwrap(),
             KubeProxyConfiguration::default()
         );
+    }
+
+    /// The file `kubeadm init` writes into the kube-proxy ConfigMap (Kubernetes 1.31): zero
+    /// values and `null`s everywhere, which upstream's defaulting fills.
+    #[test]
+    fn kubeadms_generated_file_is_defaulted_like_upstream() {
+        let cfg = KubeProxyConfiguration::parse(include_str!("../tests/data/kubeadm-config.conf"))
+            .unwrap();
+        let d = KubeProxyConfiguration::default();
+        assert_eq!(cfg.iptables.sync_period, secs(30));
+        assert_eq!(cfg.iptables.min_sync_period, secs(1));
+        assert_eq!(cfg.nftables.sync_period, d.nftables.sync_period);
+        assert_eq!(cfg.config_sync_period, secs(15 * 60));
+        assert_eq!(cfg.healthz_bind_address, "0.0.0.0:10256");
+        assert_eq!(cfg.metrics_bind_address, "127.0.0.1:10249");
+        assert_eq!(cfg.conntrack.max_per_core, Some(32768));
+        assert_eq!(cfg.oom_score_adj, Some(-999));
+        assert!(cfg.ipvs.exclude_cidrs.is_empty());
+        assert_eq!(cfg.cluster_cidr, "10.244.0.0/16");
+        assert_eq!(
+            cfg.client_connection.kubeconfig,
+            "/var/lib/kube-proxy/kubeconfig.conf"
+        );
+        assert_eq!(cfg.client_connection.qps, d.client_connection.qps);
     }
 }

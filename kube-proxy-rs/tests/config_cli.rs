@@ -128,3 +128,42 @@ fn a_missing_own_node_is_warned_about_once() {
         "{err}"
     );
 }
+
+/// The file kubeadm generates works as docs/deploy.md says: checked with `--dry-run` against
+/// manifests (its kubeconfig does not count as a second source then), and its zero values
+/// are upstream's defaults in the effective configuration.
+#[test]
+fn kubeadms_generated_config_checks_with_dry_run() {
+    let kubeadm = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/kubeadm-config.conf"
+    );
+    let (ok, out, err) = run(&[
+        "--config",
+        kubeadm,
+        "--manifests",
+        SEED,
+        "--dry-run",
+        "--hostname-override=k8s-master",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("-A KUBE-SVC-HL5LMXD5JFHQZ6LN"), "{out}");
+    let dir = tempfile::tempdir().unwrap();
+    let written = dir.path().join("effective.conf");
+    let (ok, _, err) = run(&[
+        "--config",
+        kubeadm,
+        "--write-config-to",
+        written.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let text = std::fs::read_to_string(&written).unwrap();
+    for line in [
+        "healthzBindAddress: 0.0.0.0:10256",
+        "metricsBindAddress: 127.0.0.1:10249",
+        "  syncPeriod: 30s",
+        "  minSyncPeriod: 1s",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
+    }
+}
