@@ -146,9 +146,11 @@ fn outcome_line(o: &Outcome, trace: &Trace, packet: &Packet) -> String {
     };
     let flag = if o.uncertain { "  [uncertain]" } else { "" };
     // A locally generated packet is not forwarded: it is sent out of the node.
-    let delivery = match (o.delivery, &packet.entry) {
-        (Delivery::Forwarded, Entry::Node) => "sent out".to_string(),
-        (d, _) => d.to_string(),
+    // A REJECT answers the sender: say "rejected", not "dropped".
+    let delivery = match (o.delivery, &packet.entry, &o.verdict) {
+        (Delivery::Forwarded, Entry::Node, _) => "sent out".to_string(),
+        (Delivery::Dropped, _, Verdict::Reject(_)) => "rejected".to_string(),
+        (d, _, _) => d.to_string(),
     };
     format!(
         "  {:5.1}%  {target}  {delivery}, {masq}, {verdict}{flag}",

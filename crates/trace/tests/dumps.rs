@@ -37,8 +37,12 @@ fn service_without_endpoints_is_rejected_from_pod_and_node() {
             ("KUBE-SERVICES", Effect::Reject)
         );
         assert!(o.steps.iter().any(|s| s.chain == hook));
+        let text = render_text(&t, &p);
         assert!(
-            render_text(&t, &p).contains("filter REJECT icmp-port-unreachable in KUBE-SERVICES")
+            text.contains(
+                "rejected, not masqueraded, filter REJECT icmp-port-unreachable in KUBE-SERVICES"
+            ),
+            "{text}"
         );
     }
     // The NodePort of the same Service is rejected in INPUT.
