@@ -367,8 +367,10 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
     {
         let stop = stop.clone();
         ctrlc::set_handler(move || {
-            eprintln!("\ninterrupted: tearing the sandbox down");
-            stop.store(true, Ordering::SeqCst);
+            // Said once, however many signals arrive.
+            if !stop.swap(true, Ordering::SeqCst) {
+                eprintln!("\ninterrupted: tearing the sandbox down");
+            }
         })
         .context("installing the Ctrl-C handler")?;
     }
@@ -463,7 +465,21 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
         builder = builder.backend(vec![*ip]);
     }
     println!("kube-proxy-rs sandbox: building namespaces for node {node_name} ({node_ip})");
-    let topology = builder.build().context("building the namespace sandbox")?;
+    let topology = match builder.build() {
+        Ok(t) => t,
+        Err(e) => {
+            // The builder deletes what it had made when it fails (an interrupt kills the
+            // `ip` command it was running).
+            drop(tmp);
+            println!(
+                "sandbox removed: the namespaces built so far were deleted, temporary files removed"
+            );
+            if stop.load(Ordering::SeqCst) {
+                bail!("interrupted while building the namespaces");
+            }
+            return Err(anyhow!(e).context("building the namespace sandbox"));
+        }
+    };
     let log_path = tmp.path().join("kube-proxy-rs.log");
     let mut log = ProxyLog::new(log_path.clone());
     let sandbox = Sandbox {
