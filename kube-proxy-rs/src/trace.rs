@@ -19,8 +19,8 @@ use std::net::IpAddr;
 use anyhow::{Context, anyhow, bail};
 use clap::ValueEnum;
 use kp_netfilter::{
-    Backend, ExecIptables, IpVersion, Iptables, Ruleset, complete_kube_proxy_jumps,
-    complete_partial_save, parse_save,
+    Backend, ExecIptables, HEADLESS_NAT_NOTE, IpVersion, Iptables, Ruleset, assume_headless_nat,
+    complete_kube_proxy_jumps, complete_partial_save, parse_save,
 };
 use kp_proxier::{Host as _, RealHost};
 use kp_trace::nft::{NftRuleset, looks_like_json, parse_nft_json};
@@ -82,17 +82,35 @@ fn read_dump(args: &TraceArgs) -> anyhow::Result<String> {
 /// node's live rules) also adds kube-proxy's jumps from the built-in chains that the dump
 /// lacks, with a note for each.
 fn parse_iptables(text: String, dump: bool) -> anyhow::Result<Rules> {
+    let mut notes = Vec::new();
     let mut rules = match parse_save(&text) {
         Ok(r) => r,
         Err(first) => {
-            let (completed, added) = complete_partial_save(&text)
+            if let Some(kind) = nft_text_kind(&text) {
+                bail!(
+                    "the rules are nftables text ({kind}), not an iptables-save dump: trace \
+                     reads nftables rules as JSON, so pass `nft -j list ruleset` output \
+                     (`--mode nftables` to insist on it), or trace this node's rules with \
+                     `--live`"
+                );
+            }
+            let headless = if dump {
+                assume_headless_nat(&text)
+                    .map_err(|e| anyhow!("the rules do not parse: {first}; {e}"))?
+            } else {
+                None
+            };
+            if headless.is_some() {
+                notes.push(HEADLESS_NAT_NOTE.to_string());
+            }
+            let text = headless.as_deref().unwrap_or(&text);
+            let (completed, added) = complete_partial_save(text)
                 .map_err(|e| anyhow!("the rules do not parse: {first}; as a partial dump: {e}"))?;
             let r = parse_save(&completed).map_err(|e| anyhow!("the rules do not parse: {e}"))?;
             eprintln!("note: the dump was partial; {added} chain declaration(s) were assumed");
             r
         }
     };
-    let mut notes = Vec::new();
     if dump {
         for jump in complete_kube_proxy_jumps(&mut rules) {
             notes.push(format!(
@@ -102,6 +120,19 @@ fn parse_iptables(text: String, dump: bool) -> anyhow::Result<Rules> {
         }
     }
     Ok(Rules::Iptables(rules, text, notes))
+}
+
+/// If `text` looks like `nft list ruleset` text (a line `table FAMILY NAME {`), a
+/// description of the first such line.
+fn nft_text_kind(text: &str) -> Option<String> {
+    text.lines().map(str::trim).find_map(|l| {
+        let mut words = l.split_whitespace();
+        let (Some("table"), Some(family)) = (words.next(), words.next()) else {
+            return None;
+        };
+        let families = ["ip", "ip6", "inet", "arp", "bridge", "netdev"];
+        (families.contains(&family) && l.ends_with('{')).then(|| format!("`{l}'"))
+    })
 }
 
 fn parse_nft(text: &str) -> anyhow::Result<Rules> {
@@ -142,9 +173,14 @@ fn load_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<Rules> {
                 bail!("--mode iptables needs an iptables-save dump, but the rules are JSON")
             }
             (true, _) => parse_nft(&text),
-            (false, TraceMode::Nftables) => {
-                bail!("--mode nftables needs an `nft -j list ruleset` dump (JSON)")
-            }
+            (false, TraceMode::Nftables) => match nft_text_kind(&text) {
+                Some(kind) => bail!(
+                    "--mode nftables needs an `nft -j list ruleset` dump (JSON), but the rules \
+                     are nftables text ({kind}): pass `nft -j list ruleset` output, or use \
+                     `--live`"
+                ),
+                None => bail!("--mode nftables needs an `nft -j list ruleset` dump (JSON)"),
+            },
             (false, _) => parse_iptables(text, true),
         };
     }

@@ -753,3 +753,118 @@ fn assumed_jumps_are_the_proxiers() {
         .collect();
     assert_eq!(ours, assumed);
 }
+
+/// The nat section of the seed dump through `grep KUBE`, as docs/trace.md suggests
+/// (`iptables-save -t nat | grep KUBE`): the `*nat` line is gone.
+fn seed_nat_grepped() -> String {
+    let seed = std::fs::read_to_string(SEED_DUMP).unwrap();
+    let nat = seed.split("*filter").next().unwrap();
+    nat.lines()
+        .filter(|l| l.contains("KUBE"))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+#[test]
+fn grepped_nat_dump_without_its_table_line_is_the_nat_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let grepped = dir.path().join("grepped.txt");
+    let text = format!(":KUBE-EXT-CDGGSHYLG3RE2FKL - [0:0]\n{}", seed_nat_grepped());
+    assert!(!text.contains('*'));
+    std::fs::write(&grepped, &text).unwrap();
+    for extra in [
+        &["--dport", "8080"][..],
+        &["--dport", "8080", "--from", "pod", "--src", "10.0.0.9"],
+        &["--dport", "80"],
+    ] {
+        let mut args = vec!["trace", "--rules", SEED_DUMP, "--dst", "10.96.138.71"];
+        args.extend_from_slice(extra);
+        let (ok, full, err) = run(&args);
+        assert!(ok, "{err}");
+        args[2] = grepped.to_str().unwrap();
+        let (ok, out, err) = run(&args);
+        assert!(ok, "{err}");
+        assert_eq!(outcome_lines(&full), outcome_lines(&out), "{out}");
+        assert!(
+            out.contains("note: assumed the lines before any *table line are the nat table"),
+            "{out}"
+        );
+        assert!(!full.contains("before any *table line"), "{full}");
+    }
+    let (ok, out, err) = run(&[
+        "trace",
+        "--rules",
+        grepped.to_str().unwrap(),
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("50.0%  -> KUBE-SEP-GS5MQAG4332XHLUZ  DNAT 10.0.0.4:80"),
+        "{out}"
+    );
+    assert!(
+        out.contains("50.0%  -> KUBE-SEP-H5CTQI4CMO4ES5BQ  DNAT 10.0.1.2:80"),
+        "{out}"
+    );
+    // grep kept kube-proxy's jumps (they name KUBE chains): none is assumed.
+    assert!(!out.contains("assumed kube-proxy's jump nat"), "{out}");
+
+    // `iptables-save | grep KUBE`: nat and filter rules mixed, without their table lines.
+    let mixed = dir.path().join("mixed.txt");
+    let all: String = std::fs::read_to_string(SEED_DUMP)
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("KUBE"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&mixed, all).unwrap();
+    let (ok, _, err) = run(&[
+        "trace",
+        "--rules",
+        mixed.to_str().unwrap(),
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("mix filter-table rules"), "{err}");
+    assert!(err.contains("keep the `*nat' and `*filter' lines"), "{err}");
+}
+
+#[test]
+fn nft_text_dump_is_named_and_json_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("ruleset.nft");
+    std::fs::write(
+        &text,
+        "table ip kube-proxy {\n\
+         \tchain nat-prerouting {\n\
+         \t\ttype nat hook prerouting priority dstnat; policy accept;\n\
+         \t\tjump services\n\
+         \t}\n\
+         }\n",
+    )
+    .unwrap();
+    for mode in ["auto", "nftables", "iptables"] {
+        let (ok, _, err) = run(&[
+            "trace",
+            "--rules",
+            text.to_str().unwrap(),
+            "--mode",
+            mode,
+            "--dst",
+            "10.96.138.71",
+            "--dport",
+            "8080",
+        ]);
+        assert!(!ok);
+        assert!(err.contains("nftables text"), "{mode}: {err}");
+        assert!(err.contains("nft -j list ruleset"), "{mode}: {err}");
+        assert!(err.contains("--live"), "{mode}: {err}");
+        assert!(!err.contains("outside of a table"), "{mode}: {err}");
+    }
+}

@@ -105,6 +105,127 @@ pub fn complete_partial_save(text: &str) -> Result<(String, usize), ParseError> 
     Ok((out, added))
 }
 
+/// The note a tracer gives when [`assume_headless_nat`] put a `*nat` line in front of a dump.
+pub const HEADLESS_NAT_NOTE: &str = "assumed the lines before any *table line are the nat \
+     table (they name only kube-proxy's nat chains; `iptables-save -t nat | grep KUBE` drops \
+     the *nat line)";
+
+/// Whether `chain` is one of kube-proxy's nat chains, or a nat built-in chain kube-proxy
+/// jumps from.
+fn is_kube_proxy_nat_chain(chain: &str) -> bool {
+    const NAMES: &[&str] = &[
+        "KUBE-SERVICES",
+        "KUBE-NODEPORTS",
+        "KUBE-MARK-MASQ",
+        "KUBE-MARK-DROP",
+        "KUBE-POSTROUTING",
+        "KUBE-LOAD-BALANCER",
+        "KUBE-NODE-PORT",
+        "PREROUTING",
+        "OUTPUT",
+        "POSTROUTING",
+    ];
+    const PREFIXES: &[&str] = &[
+        "KUBE-SVC-",
+        "KUBE-SEP-",
+        "KUBE-EXT-",
+        "KUBE-SVL-",
+        "KUBE-FW-",
+        "KUBE-XLB-",
+    ];
+    NAMES.contains(&chain) || PREFIXES.iter().any(|p| chain.starts_with(p))
+}
+
+/// Whether `chain` is one of kube-proxy's (or kubelet's) filter chains, or a filter
+/// built-in chain that only filter rules of kube-proxy use.
+fn is_kube_proxy_filter_chain(chain: &str) -> bool {
+    [
+        "KUBE-FORWARD",
+        "KUBE-PROXY-FIREWALL",
+        "KUBE-EXTERNAL-SERVICES",
+        "KUBE-FIREWALL",
+        "KUBE-PROXY-CANARY",
+        "KUBE-KUBELET-CANARY",
+        "INPUT",
+        "FORWARD",
+    ]
+    .contains(&chain)
+}
+
+/// A dump pasted through `grep KUBE` has lost its `*nat` line. When the lines before any
+/// `*table` line (chain declarations and rules) name only kube-proxy's nat chains, returns
+/// the text with a `*nat` line in front of them (say so: [`HEADLESS_NAT_NOTE`]). Returns
+/// `Ok(None)` when there are no such lines, or when they name a chain that is not one of
+/// kube-proxy's (the dump is then left as it is).
+///
+/// # Errors
+/// [`ParseError`] when those lines mix in filter-table rules (`KUBE-FORWARD`,
+/// `KUBE-PROXY-FIREWALL`, `KUBE-EXTERNAL-SERVICES`, `INPUT`, `FORWARD`, a `REJECT`/`ACCEPT`/
+/// `DROP` rule, ...): which table each belongs to cannot be told, so the message asks for
+/// the `*nat` and `*filter` lines; or for a line that does not tokenize.
+pub fn assume_headless_nat(text: &str) -> Result<Option<String>, ParseError> {
+    let mut any = false;
+    for (n, raw) in text.lines().enumerate() {
+        let line = n + 1;
+        let l = raw.trim();
+        if l.is_empty() || l.starts_with('#') || l == "COMMIT" {
+            continue;
+        }
+        if l.starts_with('*') {
+            break;
+        }
+        any = true;
+        let mut named: Vec<String> = Vec::new();
+        let mut filter_verdict = None;
+        if let Some(decl) = l.strip_prefix(':') {
+            named.push(
+                decl.split_whitespace()
+                    .next()
+                    .unwrap_or_default()
+                    .to_string(),
+            );
+        } else {
+            let toks = tokenize(l).map_err(|e| ParseError::new(line, e))?;
+            match toks.first().map(String::as_str) {
+                Some("-A" | "-I" | "-N") => {}
+                _ => return Ok(None),
+            }
+            if let Some(c) = toks.get(1) {
+                named.push(c.clone());
+            }
+            for w in toks.windows(2) {
+                if w[0] == "-j" || w[0] == "-g" {
+                    if ["REJECT", "ACCEPT", "DROP"].contains(&w[1].as_str()) {
+                        filter_verdict = Some(w[1].clone());
+                    } else if !is_target_name(&w[1]) {
+                        named.push(w[1].clone());
+                    }
+                }
+            }
+        }
+        let filter = named
+            .iter()
+            .find(|c| is_kube_proxy_filter_chain(c))
+            .map(|c| format!("chain {c}"))
+            .or(filter_verdict.map(|v| format!("-j {v}")));
+        if let Some(what) = filter {
+            return Err(ParseError::new(
+                line,
+                format!(
+                    "the lines before any *table line mix filter-table rules ({what}) with nat \
+                     ones, so which table each belongs to is unknown: keep the `*nat' and \
+                     `*filter' lines (e.g. `iptables-save | grep -E '^\\*|KUBE'`) or paste \
+                     only `iptables-save -t nat | grep KUBE`"
+                ),
+            ));
+        }
+        if !named.iter().all(|c| is_kube_proxy_nat_chain(c)) {
+            return Ok(None);
+        }
+    }
+    Ok(any.then(|| format!("*nat\n{text}")))
+}
+
 /// One rule kube-proxy installs in a built-in chain to jump into its own chains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KubeProxyJump {
@@ -379,5 +500,48 @@ mod tests {
                 .line,
             2
         );
+    }
+
+    #[test]
+    fn headless_kube_proxy_nat_lines_are_the_nat_table() {
+        let grepped = ":KUBE-EXT-X - [0:0]\n-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A KUBE-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 80 -j KUBE-SVC-X\n-A KUBE-SVC-X -j KUBE-SEP-Y\n-A KUBE-SEP-Y -p tcp -m tcp -j DNAT --to-destination 10.0.0.4:80\n-A KUBE-POSTROUTING -j MASQUERADE --random-fully\n";
+        let text = assume_headless_nat(grepped).unwrap().unwrap();
+        assert!(text.starts_with("*nat\n"));
+        let (done, _) = complete_partial_save(&text).unwrap();
+        let rules = parse_save(&done).unwrap();
+        assert_eq!(rules.tables.len(), 1);
+        for c in [
+            "KUBE-EXT-X",
+            "KUBE-SERVICES",
+            "KUBE-SVC-X",
+            "KUBE-SEP-Y",
+            "KUBE-POSTROUTING",
+        ] {
+            assert!(rules.chain(Table::Nat, c).is_some(), "{c}");
+        }
+        // Already has a table: nothing to do.
+        assert_eq!(
+            assume_headless_nat("*nat\n-A KUBE-SVC-X -j KUBE-SEP-Y\n").unwrap(),
+            None
+        );
+        // A chain that is not kube-proxy's: left alone.
+        assert_eq!(
+            assume_headless_nat("-A MY-CHAIN -j KUBE-SERVICES\n").unwrap(),
+            None
+        );
+        assert_eq!(
+            assume_headless_nat("table ip kube-proxy {\n").unwrap(),
+            None
+        );
+        // Filter rules mixed in: refused, naming the line.
+        let e = assume_headless_nat("-A KUBE-SVC-X -j KUBE-SEP-Y\n-A FORWARD -j KUBE-FORWARD\n")
+            .unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(
+            e.message.contains("keep the `*nat' and `*filter' lines"),
+            "{e:?}"
+        );
+        let e = assume_headless_nat("-A KUBE-SERVICES -d 10.96.0.9/32 -j REJECT\n").unwrap_err();
+        assert!(e.message.contains("-j REJECT"), "{e:?}");
     }
 }

@@ -24,7 +24,8 @@ mod spec;
 mod tokenize;
 
 pub use complete::{
-    KUBE_PROXY_JUMPS, KubeProxyJump, complete_kube_proxy_jumps, complete_partial_save,
+    HEADLESS_NAT_NOTE, KUBE_PROXY_JUMPS, KubeProxyJump, assume_headless_nat,
+    complete_kube_proxy_jumps, complete_partial_save,
 };
 pub use fake::FakeIptables;
 pub use ir::{
