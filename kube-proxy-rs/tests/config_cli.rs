@@ -1,22 +1,9 @@
 //! `--config` and `--write-config-to` with upstream's KubeProxyConfiguration format, and
 //! what `--dry-run` says about the flags it was given (a `--hostname-override` naming no Node).
 
-use std::process::Command;
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
-const SEED: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../examples/seed-nginx/cluster.yaml"
-);
-
-fn run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN).args(args).output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
+use common::{SEED_MANIFEST as SEED, run};
 
 #[test]
 fn write_config_to_writes_loadable_upstream_format() {

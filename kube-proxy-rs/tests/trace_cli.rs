@@ -2,25 +2,16 @@
 //! hand-written dump, on an `nft -j list ruleset` dump, and on live rules (iptables and
 //! nftables) in a network namespace.
 
-use std::process::Command;
+mod common;
 
+use common::{BIN, run};
 use kp_testkit::golden::SEED_CLUSTER;
 use kp_testkit::{Netns, require_root};
 
-const BIN: &str = env!("CARGO_BIN_EXE_kube-proxy-rs");
 const SEED_DUMP: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../examples/seed-nginx/expected-iptables-save.txt"
 );
-
-fn run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN).args(args).output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
 
 #[test]
 fn explains_the_seed_dump_from_upstream_kube_proxy() {

@@ -6,22 +6,8 @@ mod common;
 
 use std::process::Command;
 
-use common::{BIN, Daemon, Mode, NODE_ARGS};
+use common::{BIN, Daemon, Mode, NODE_ARGS, SEED_MANIFEST as SEED, run_code as run};
 use kp_testkit::{Netns, require_root};
-const SEED: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../examples/seed-nginx/cluster.yaml"
-);
-
-fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(BIN).args(args).output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into(),
-        String::from_utf8_lossy(&out.stderr).into(),
-    )
-}
-
 /// Every upstream Linux flag, in upstream's syntax, as a DaemonSet might pass them.
 const UPSTREAM_FLAGS: &[&str] = &[
     "--hostname-override=k8s-master",
