@@ -1018,7 +1018,7 @@ fn write_service_entry_rules(
     let facts = ServiceFacts::new(svc, eps.has_any, !eps.local.is_empty());
     scratch.spn.clear();
     push_spn(&mut scratch.spn, &svc.name);
-    write_entry_rules(ctx, snap, svc, &names, &facts, &scratch.spn, nat, filter);
+    write_entry_rules(ctx, svc, &names, &facts, &scratch.spn, nat, filter);
 }
 
 /// What decides a Service's entry rules and chains, from its categorized endpoints.
@@ -1054,13 +1054,31 @@ impl ServiceFacts {
                 && !svc.load_balancer_source_ranges.is_empty(),
         }
     }
+
+    /// Where ClusterIP traffic goes: `KUBE-SVL-` with internalTrafficPolicy Local, else
+    /// `KUBE-SVC-`.
+    fn internal_chain<'a>(&self, names: &'a ServiceNames) -> &'a ChainName {
+        if self.internal_svl {
+            &names.svl
+        } else {
+            &names.svc
+        }
+    }
+
+    /// Where `KUBE-EXT-` sends external traffic: `KUBE-SVL-` with externalTrafficPolicy
+    /// Local, else `KUBE-SVC-`.
+    fn external_policy_chain<'a>(&self, names: &'a ServiceNames) -> &'a ChainName {
+        if self.external_svl {
+            &names.svl
+        } else {
+            &names.svc
+        }
+    }
 }
 
 /// KUBE-SERVICES, KUBE-NODEPORTS and filter-table rules of one Service.
-#[allow(clippy::too_many_arguments)]
 fn write_entry_rules(
     ctx: &Ctx<'_>,
-    snap: &Snapshot,
     svc: &ServicePortInfo,
     names: &ServiceNames,
     f: &ServiceFacts,
@@ -1068,13 +1086,8 @@ fn write_entry_rules(
     nat: &mut TableRules,
     filter: &mut TableRules,
 ) {
-    let _ = snap;
     let proto = svc.name.protocol.as_lower();
-    let internal_chain = if f.internal_svl {
-        &names.svl
-    } else {
-        &names.svc
-    };
+    let internal_chain = f.internal_chain(names);
     let lb_chain = if f.uses_fw_chain {
         &names.fw
     } else {
@@ -1196,22 +1209,14 @@ fn write_service(
     let f = ServiceFacts::new(svc, eps.has_any, !eps.local.is_empty());
     let uses_cluster_chain = !eps.cluster.is_empty() && svc.uses_cluster_endpoints();
     let uses_local_chain = !eps.local.is_empty() && svc.uses_local_endpoints();
-    let internal_chain = if f.internal_svl {
-        &names.svl
-    } else {
-        &names.svc
-    };
-    let external_policy_chain = if f.external_svl {
-        &names.svl
-    } else {
-        &names.svc
-    };
+    let internal_chain = f.internal_chain(&names);
+    let external_policy_chain = f.external_policy_chain(&names);
 
     let mut spn_text = std::mem::take(&mut scratch.spn);
     spn_text.clear();
     push_spn(&mut spn_text, spn);
     let spn_s = spn_text.as_str();
-    write_entry_rules(ctx, snap, svc, &names, &f, spn_s, nat, filter);
+    write_entry_rules(ctx, svc, &names, &f, spn_s, nat, filter);
 
     // From here on: per-Service chains (skippable in partial syncs).
     let nat = chains_out;
