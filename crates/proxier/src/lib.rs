@@ -12,6 +12,7 @@
 pub mod conntrack;
 pub mod host;
 pub mod iptables;
+pub mod ipvs;
 pub mod local;
 pub mod nftables;
 pub mod nodeport;
