@@ -57,9 +57,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use nix::errno::Errno;
 
-pub use fake::FakeIpvs;
+pub use fake::{DEFAULT_SCHEDULERS, FakeIpvs};
 pub use script::{RoundTripStep, scripted_round_trip};
-pub use socket::{Captured, Direction, Ipvs};
+pub use socket::{BATCH_BYTES, Captured, Direction, Ipvs};
 pub use text::{ParseError, list_text, parse_save_text, save_text};
 
 use crate::error::{Error, Result, errno_name};

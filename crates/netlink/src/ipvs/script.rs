@@ -48,7 +48,7 @@ fn sorted_state(ops: &mut dyn IpvsOps) -> Result<Vec<(VirtualServer, Vec<RealSer
 /// behaves like the kernel (the steps use only the schedulers `rr` and `wrr`):
 ///
 /// 1. `flush-before`: flush; empty table.
-/// 2. `add-services`: TCP 10.96.0.1:443 rr, UDP 10.96.0.10:53 rr, TCP [fd00:10:96::1]:443
+/// 2. `add-services`: `TCP 10.96.0.1:443` rr, `UDP 10.96.0.10:53` rr, `TCP [fd00:10:96::1]:443`
 ///    wrr persistent 10800 succeed; the first again is `EEXIST`; TCP 10.96.0.2:80 with
 ///    scheduler `nosuch` is `ENOENT`.
 /// 3. `add-dests`: two real servers to the first, one to the UDP and one IPv6 to the
