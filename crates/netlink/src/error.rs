@@ -1,6 +1,7 @@
 //! The crate's one error type, [`Error`]: every variant says what was attempted (`op`,
 //! e.g. "deleting conntrack entry udp src=... (like `conntrack -D ...`)") and, where the
-//! kernel or the system said no, its error code ([`Error::code`]).
+//! kernel or the system said no, its error code ([`Error::code`]). It serves conntrack and
+//! IPVS alike.
 
 use std::io;
 use std::time::Duration;
@@ -10,7 +11,7 @@ use nix::errno::Errno;
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// Everything that can go wrong talking conntrack over netlink.
+/// Everything that can go wrong talking conntrack or IPVS over netlink.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A socket call failed (creating, binding or configuring the `NETLINK_NETFILTER`
@@ -60,6 +61,15 @@ pub enum Error {
         /// `ENOBUFS` or `NLM_F_DUMP_INTR`.
         reason: &'static str,
     },
+    /// The kernel has no IPVS: the generic netlink controller does not know the family
+    /// `IPVS` (module `ip_vs` not built or not loadable), so no IPVS request can be made.
+    #[error(
+        "{op}: IPVS is not available in this kernel (no generic netlink family \"IPVS\"; is the ip_vs module loaded?)"
+    )]
+    IpvsUnavailable {
+        /// What was attempted.
+        op: String,
+    },
     /// The request cannot be expressed: e.g. deleting an entry of a protocol without ports
     /// (ICMP), or a flow whose addresses are not of its family.
     #[error("{op}: {reason}")]
@@ -81,6 +91,7 @@ impl Error {
             Error::DumpIncomplete {
                 reason: "ENOBUFS", ..
             } => Some(Errno::ENOBUFS as i32),
+            Error::IpvsUnavailable { .. } => Some(Errno::ENOENT as i32),
             _ => None,
         }
     }
@@ -93,13 +104,14 @@ impl Error {
             | Error::Malformed { op, .. }
             | Error::Timeout { op, .. }
             | Error::DumpIncomplete { op, .. }
-            | Error::Unsupported { op, .. } => op,
+            | Error::Unsupported { op, .. }
+            | Error::IpvsUnavailable { op } => op,
         }
     }
 }
 
 /// `ENOENT`-style name of an errno, for messages.
-fn errno_name(code: i32) -> String {
+pub(crate) fn errno_name(code: i32) -> String {
     let errno = Errno::from_raw(code);
     if errno == Errno::UnknownErrno {
         format!("errno {code}")

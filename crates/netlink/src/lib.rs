@@ -1,10 +1,15 @@
 //! kp-netlink: host adapters that talk netlink to the kernel.
 //!
-//! Today this is conntrack, for kube-proxy's UDP stale-entry cleanup (upstream issues
+//! Two adapters: conntrack, for kube-proxy's UDP stale-entry cleanup (upstream issues
 //! kubernetes#59368, #48370, #125467): after a sync that removes a UDP endpoint, or gives a
 //! UDP Service its first endpoint, conntrack entries keep sending a client's datagrams (a DNS
 //! resolver or a statsd client reusing one source port) to a dead or black-holed
 //! destination until they are deleted.
+//!
+//! and IPVS ([`ipvs`]), the kernel load balancer behind kube-proxy's IPVS mode: the
+//! seam [`IpvsOps`], the generic netlink implementation [`Ipvs`], the checking fake
+//! [`FakeIpvs`], and `ipvsadm -Sn` / `-Ln` text ([`save_text`], [`parse_save_text`],
+//! [`list_text`]).
 //!
 //! * [`ConntrackOps`]: the seam the proxier uses: [`ConntrackOps::dump`] (like
 //!   `conntrack -L -f ipv4 -p udp`), [`ConntrackOps::delete`] (like `conntrack -D` with an
@@ -46,9 +51,14 @@ mod conntrack;
 mod error;
 mod fake;
 mod flow;
+pub mod ipvs;
 mod message;
 
 pub use conntrack::{Conntrack, ConntrackOps, DEFAULT_TIMEOUT, DUMP_ATTEMPTS};
 pub use error::{Error, Result};
 pub use fake::FakeConntrack;
 pub use flow::{Family, Flow, Status, Tuple, proto};
+pub use ipvs::{
+    FakeIpvs, Forward, Ipvs, IpvsInfo, IpvsOp, IpvsOps, OpError, ParseError, RealServer,
+    ServiceKey, VirtualServer, dump_all, list_text, parse_save_text, save_text, scheduler_probe,
+};
