@@ -574,6 +574,14 @@ pub fn run_tests(trials: Vec<libtest_mimic::Trial>) -> ! {
             );
             std::process::exit(out.code);
         }
+        Err(e @ Error::VmFailed { .. }) => {
+            eprintln!("error: the IPVS test guest failed: {e}");
+            eprintln!(
+                "error: see docs/vm.md (debugging): {KEEP_ENV}=1 keeps the run directory, \
+                 {CONSOLE_ENV}=1 shows the console, {TIMEOUT_ENV} sets the timeout"
+            );
+            std::process::exit(101);
+        }
         Err(e) => fail_run(&e.to_string()),
     }
 }
@@ -792,8 +800,9 @@ fn qemu_command(qemu: &Path, kernel: &GuestKernel, run: &Path, memory_mib: u32) 
 
 /// The guest kernel's command line (plus [`APPEND_ENV`]).
 fn kernel_cmdline() -> OsString {
-    let mut line =
-        OsString::from("console=ttyS0 panic=-1 oops=panic quiet loglevel=4 rdinit=/init");
+    let mut line = OsString::from(
+        "console=ttyS0 panic=-1 oops=panic quiet loglevel=4 mitigations=off rdinit=/init",
+    );
     if let Some(extra) = std::env::var_os(APPEND_ENV) {
         line.push(" ");
         line.push(extra);
