@@ -582,6 +582,10 @@ pub fn run_tests(trials: Vec<libtest_mimic::Trial>) -> ! {
             );
             std::process::exit(101);
         }
+        Err(Error::NotRoot { euid }) => fail_run(&format!(
+            "the qemu guest needs root (current euid {euid}); the README's test command runs \
+             as root"
+        )),
         Err(e) => fail_run(&e.to_string()),
     }
 }
