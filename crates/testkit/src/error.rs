@@ -96,9 +96,35 @@ pub enum Error {
         /// Its exit status.
         status: ExitStatus,
     },
+
+    /// The test VM cannot be started: qemu, busybox or the prepared guest kernel is missing.
+    #[error("cannot boot the test VM: {message}; run scripts/install-deps as root to prepare it")]
+    VmUnavailable {
+        /// What is missing, with its path.
+        message: String,
+    },
+
+    /// The test VM ran but did not report the command's exit status (timeout, kernel panic,
+    /// a failed mount in the guest's setup).
+    #[error("test VM: {message}; console log {} (kept), its end:\n{tail}", console.display())]
+    VmFailed {
+        /// What happened, e.g. `timed out after 600s`.
+        message: String,
+        /// The guest's serial console log (the run directory is kept for inspection).
+        console: std::path::PathBuf,
+        /// The last lines of the console log.
+        tail: String,
+    },
 }
 
 impl Error {
+    /// Builds an [`Error::VmUnavailable`].
+    pub fn vm_unavailable(message: impl Into<String>) -> Self {
+        Error::VmUnavailable {
+            message: message.into(),
+        }
+    }
+
     /// Builds an [`Error::Io`] with `context`.
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         Error::Io {

@@ -14,6 +14,9 @@
 //! * [`apiserver`]: [`apiserver::TestApiServer`], an in-process Kubernetes API server
 //!   (list/watch of Services, EndpointSlices and Nodes over loopback HTTP) for testing the
 //!   API-server source; it needs no root.
+//! * [`vm`]: a qemu guest with Debian's kernel for what this kernel lacks (IPVS, dummy
+//!   links): [`vm::GuestCommand`] runs one command in it, [`vm::run_tests`] is the `main` of
+//!   a `harness = false` test target that runs its trials there (docs/vm.md).
 //! * [`builders`]: Services, EndpointSlices and snapshots for unit tests; [`golden`]: the
 //!   bundled seed example and the in-order line check used by the golden tests.
 //!
@@ -46,6 +49,7 @@ pub mod error;
 pub mod golden;
 pub mod netns;
 pub mod process;
+pub mod vm;
 
 pub use backend::{HttpBackend, UdpEchoBackend};
 pub use client::{
