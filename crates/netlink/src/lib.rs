@@ -23,6 +23,9 @@
 //! * [`Flow`], [`Tuple`], [`Family`], [`Status`]: what an entry looks like. This crate knows
 //!   nothing of Kubernetes: deciding which flows are stale is the caller's predicate.
 //!
+//! The [`link`] module manages the IPVS mode's dummy link `kube-ipvs0` and its addresses
+//! over rtnetlink ([`link::LinkOps`], [`link::Links`], [`link::FakeLinks`]).
+//!
 //! Netlink messages are built and parsed with the `netlink-packet-netfilter` types
 //! (`ConntrackMessage`, `ConntrackAttribute`, tuples); the socket is `netlink-sys`. This
 //! crate adds the request/reply loop (multipart dumps, `NLMSG_DONE`, `NLMSG_ERROR`, ENOBUFS
@@ -52,6 +55,7 @@ mod error;
 mod fake;
 mod flow;
 pub mod ipvs;
+pub mod link;
 mod message;
 
 pub use conntrack::{Conntrack, ConntrackOps, DEFAULT_TIMEOUT, DUMP_ATTEMPTS};
