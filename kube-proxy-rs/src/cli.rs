@@ -399,24 +399,28 @@ pub struct CompatArgs {
     #[arg(long, default_value = "", value_name = "RANGE", hide = true)]
     pub proxy_port_range: String,
 
-    /// IPVS mode (not built): sync period.
-    #[arg(long, default_value = "30s", value_parser = parse_duration, hide = true)]
+    /// IPVS mode: how often the whole IPVS table, kube-ipvs0 and the ipsets are read back and
+    /// repaired (a full sync), and the retry interval after a failed sync.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub ipvs_sync_period: Duration,
 
-    /// IPVS mode: minimum sync period.
-    #[arg(long, default_value = "1s", value_parser = parse_duration, hide = true)]
+    /// IPVS mode: minimum time between syncs.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub ipvs_min_sync_period: Duration,
 
-    /// IPVS mode: scheduler.
-    #[arg(long, default_value = "", hide = true)]
+    /// IPVS mode: the scheduler of every virtual server (rr, wrr, lc, wlc, lblc, lblcr, sh,
+    /// dh, sed, nq, mh; empty: rr).
+    #[arg(long, default_value = "")]
     pub ipvs_scheduler: String,
 
-    /// IPVS mode: CIDRs left alone at cleanup.
-    #[arg(long, value_delimiter = ',', hide = true)]
+    /// IPVS mode: CIDRs whose virtual servers kube-proxy-rs never deletes (they belong to
+    /// someone else).
+    #[arg(long, value_delimiter = ',')]
     pub ipvs_exclude_cidrs: Vec<String>,
 
-    /// IPVS mode: strict ARP.
-    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set, hide = true)]
+    /// IPVS mode: set arp_ignore=1 and arp_announce=2, so the node does not answer ARP for
+    /// kube-ipvs0's addresses.
+    #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
     pub ipvs_strict_arp: bool,
 
     /// IPVS mode: idle TCP timeout.
@@ -517,11 +521,6 @@ impl CompatArgs {
             "--show-hidden-metrics-for-version",
         ),
         ("proxy_port_range", "--proxy-port-range"),
-        ("ipvs_sync_period", "--ipvs-sync-period"),
-        ("ipvs_min_sync_period", "--ipvs-min-sync-period"),
-        ("ipvs_scheduler", "--ipvs-scheduler"),
-        ("ipvs_exclude_cidrs", "--ipvs-exclude-cidrs"),
-        ("ipvs_strict_arp", "--ipvs-strict-arp"),
         ("ipvs_tcp_timeout", "--ipvs-tcp-timeout"),
         ("ipvs_tcpfin_timeout", "--ipvs-tcpfin-timeout"),
         ("ipvs_udp_timeout", "--ipvs-udp-timeout"),

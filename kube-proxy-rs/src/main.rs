@@ -6,6 +6,7 @@ mod admin;
 mod cli;
 mod compat;
 mod config;
+mod ipvs_mode;
 mod nodesetup;
 mod proxy;
 mod sandbox;

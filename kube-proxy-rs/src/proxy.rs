@@ -11,6 +11,7 @@ use kp_netfilter::{
     TableObjects,
 };
 use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
+use kp_proxier::ipvs::IpvsProxier;
 use kp_proxier::nftables::{NftablesConfig, NftablesProxier};
 use kp_proxier::{Host, LocalDetector, NodePortAddresses, Proxier, RealHost};
 use kp_runtime::{RunMode, RunnerConfig, SyncLoop};
@@ -233,15 +234,17 @@ fn cleanup_nftables() -> Result<usize, ()> {
 
 /// `--cleanup`: removes the rules of both modes from both families (upstream's
 /// `platformCleanup` does the same), leaving everything else alone.
-fn cleanup(backend: Backend) -> anyhow::Result<()> {
+fn cleanup(backend: Backend, ipvs_exclude: &[IpNet]) -> anyhow::Result<()> {
+    // Chains first: an ipset an iptables rule references cannot be destroyed.
     let iptables = cleanup_iptables(backend);
     let nftables = cleanup_nftables();
-    match (iptables, nftables) {
-        (Ok(0), Ok(0)) => {
+    let ipvs = crate::ipvs_mode::cleanup_objects(ipvs_exclude, false);
+    match (iptables, nftables, ipvs) {
+        (Ok(0), Ok(0), Ok(false)) => {
             info!("no rules of kube-proxy-rs found");
             Ok(())
         }
-        (Ok(_), Ok(_)) => Ok(()),
+        (Ok(_), Ok(_), Ok(_)) => Ok(()),
         _ => bail!("cleanup did not complete"),
     }
 }
@@ -249,7 +252,17 @@ fn cleanup(backend: Backend) -> anyhow::Result<()> {
 /// At start, removes what the other mode left, so a node can switch modes without a reboot
 /// (upstream does the same): iptables chains when starting in nftables mode, the nftables
 /// tables when starting in iptables mode. Failures are logged; the proxy starts anyway.
-fn remove_other_mode(mode: ProxyModeArg, backend: Backend) {
+fn remove_other_mode(mode: ProxyModeArg, backend: Backend, ipvs_exclude: &[IpNet]) {
+    let nftables = || {
+        if let Ok(n) = cleanup_nftables()
+            && n > 0
+        {
+            info!(
+                tables = n,
+                "removed the nftables-mode tables of an earlier run"
+            );
+        }
+    };
     match mode {
         ProxyModeArg::Nftables => {
             if let Ok(n) = cleanup_iptables(backend)
@@ -257,21 +270,28 @@ fn remove_other_mode(mode: ProxyModeArg, backend: Backend) {
             {
                 info!(
                     chains = n,
-                    "removed the iptables-mode rules of an earlier run"
+                    "removed the iptables-mode and IPVS-mode rules of an earlier run"
                 );
             }
+            let _ = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true);
         }
         ProxyModeArg::Iptables => {
-            if let Ok(n) = cleanup_nftables()
-                && n > 0
-            {
-                info!(
-                    tables = n,
-                    "removed the nftables-mode tables of an earlier run"
-                );
+            nftables();
+            // IPVS mode shares chains with iptables mode and fills them with ipset matches;
+            // an earlier IPVS run is removed whole first (its sets and virtual servers with
+            // it), then iptables mode writes its own.
+            if crate::ipvs_mode::has_leftovers() {
+                let _ = cleanup_iptables(backend);
+                if let Ok(true) = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true) {
+                    info!(
+                        "removed the IPVS-mode rules, ipsets, virtual servers and kube-ipvs0 of an earlier run"
+                    );
+                }
             }
         }
-        ProxyModeArg::Ipvs => {}
+        // iptables mode's own chains are removed by IPVS mode's first full sync, in the same
+        // iptables-restore that writes IPVS mode's rules.
+        ProxyModeArg::Ipvs => nftables(),
     }
 }
 
@@ -334,16 +354,11 @@ fn spawn_loop<P: Proxier + 'static>(
 ///
 /// # Errors
 /// Invalid flags, a missing source, a failed `--once`/`--cleanup`, or a source failure.
-pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
-    if args.proxy_mode == ProxyModeArg::Ipvs {
-        bail!(
-            "--proxy-mode ipvs is not implemented yet in kube-proxy-rs; use --proxy-mode iptables or nftables"
-        );
-    }
-    let nft_mode = args.proxy_mode == ProxyModeArg::Nftables;
+pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     let detector = local_detector(&args)?;
     let ipt_cfg = iptables_config(&args, detector.clone())?;
-    let nft_cfg = nftables_config(&args, detector)?;
+    let nft_cfg = nftables_config(&args, detector.clone())?;
+    let ipvs_cfg = crate::ipvs_mode::ipvs_config(&args, detector)?;
     let backend = backend(args.iptables_backend);
     if !args.dry_run && !has_net_admin() {
         bail!(
@@ -351,8 +366,24 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         );
     }
     if args.cleanup {
-        return cleanup(backend);
+        return cleanup(backend, &ipvs_cfg.exclude_cidrs);
     }
+    // IPVS mode needs kernel features and a tool; without them fall back to iptables mode
+    // with a warning naming what is missing, as kube-proxy did (seed 003), rather than
+    // failing at every restart.
+    let mut ipvs_fallback: Vec<String> = Vec::new();
+    if args.proxy_mode == ProxyModeArg::Ipvs && !args.dry_run && !args.init_only {
+        ipvs_fallback = crate::ipvs_mode::missing_for_ipvs(&ipvs_cfg.scheduler);
+        if !ipvs_fallback.is_empty() {
+            error!(
+                missing = %ipvs_fallback.join("; "),
+                "IPVS mode cannot run on this node: falling back to iptables mode"
+            );
+            args.proxy_mode = ProxyModeArg::Iptables;
+        }
+    }
+    let nft_mode = args.proxy_mode == ProxyModeArg::Nftables;
+    let ipvs_mode = args.proxy_mode == ProxyModeArg::Ipvs;
     let conntrack = crate::nodesetup::ConntrackSettings::from_args(&args);
     if args.init_only && !args.dry_run {
         // Upstream's --init-only: the set-up that needs full privileges, then exit.
@@ -369,10 +400,19 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         bail!("--manifests and --kubeconfig/--master both name a source of Services; pass one");
     }
     let node = node_name(args.hostname_override.as_deref())?;
-    let runner = RunnerConfig {
-        min_interval: args.iptables_min_sync_period,
-        retry_interval: args.iptables_sync_period,
-        ..RunnerConfig::default()
+    let runner = if ipvs_mode {
+        // Upstream's IPVS proxier re-reads and repairs the whole table every sync period.
+        RunnerConfig {
+            min_interval: args.compat.ipvs_min_sync_period,
+            retry_interval: args.compat.ipvs_sync_period,
+            full_interval: args.compat.ipvs_sync_period,
+        }
+    } else {
+        RunnerConfig {
+            min_interval: args.iptables_min_sync_period,
+            retry_interval: args.iptables_sync_period,
+            ..RunnerConfig::default()
+        }
     };
     match &args.manifests {
         Some(path) => {
@@ -388,7 +428,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         crate::nodesetup::apply_conntrack(&conntrack);
     }
     if !args.dry_run {
-        remove_other_mode(args.proxy_mode, backend);
+        remove_other_mode(args.proxy_mode, backend, &ipvs_cfg.exclude_cidrs);
     }
 
     let families = families(args.proxy_mode, args.dry_run);
@@ -400,9 +440,19 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let admin_mode = if nft_mode { kp_admin::ProxyMode::Nftables } else { kp_admin::ProxyMode::Iptables };
+        let admin_mode = if nft_mode {
+            kp_admin::ProxyMode::Nftables
+        } else if ipvs_mode {
+            kp_admin::ProxyMode::Ipvs
+        } else {
+            kp_admin::ProxyMode::Iptables
+        };
+        let sync_period = if ipvs_mode { args.compat.ipvs_sync_period } else { args.iptables_sync_period };
         let mut admin =
-            crate::admin::Admin::new(admin_mode, args.iptables_sync_period, args.manifests.is_none());
+            crate::admin::Admin::new(admin_mode, sync_period, args.manifests.is_none());
+        if !ipvs_fallback.is_empty() {
+            admin.metrics.mode_fallback("ipvs", "iptables");
+        }
         let (tx, mut rx) = mpsc::channel::<Vec<kp_model::SourceEvent>>(64);
         let skipped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = skipped.clone();
@@ -472,6 +522,7 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         }
         let mut senders = Vec::new();
         let mut outputs: Vec<(IpFamily, Arc<std::sync::Mutex<String>>)> = Vec::new();
+        let mut ipvs_outputs: Vec<(IpFamily, Sink, Sink)> = Vec::new();
         let mode = if args.once || args.dry_run {
             RunMode::Once
         } else {
@@ -508,6 +559,48 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
                     None
                 }
             };
+            if ipvs_mode {
+                let ipt = |sink: Arc<std::sync::Mutex<String>>| -> Box<dyn Iptables> {
+                    if args.dry_run {
+                        Box::new(PrintingIptables { fake: FakeIptables::new(version), sink })
+                    } else {
+                        Box::new(ExecIptables::new(version, backend))
+                    }
+                };
+                let proxier = if args.dry_run {
+                    let ipset_sink = Arc::new(std::sync::Mutex::new(String::new()));
+                    let ipvs_sink = Arc::new(std::sync::Mutex::new(String::new()));
+                    ipvs_outputs.push((family, ipset_sink.clone(), ipvs_sink.clone()));
+                    IpvsProxier::new(
+                        family,
+                        ipvs_cfg.clone(),
+                        ipt(sink),
+                        Box::new(crate::ipvs_mode::PrintingIpset { fake: kp_netfilter::ipset::FakeIpset::new(), sink: ipset_sink }),
+                        Box::new(crate::ipvs_mode::PrintingIpvs { fake: kp_netlink::ipvs::FakeIpvs::new(), sink: ipvs_sink }),
+                        Box::new(crate::ipvs_mode::dry_run_links()),
+                        host,
+                    )?
+                } else {
+                    let ipvs = kp_netlink::ipvs::Ipvs::new().context("opening the kernel's IPVS over netlink")?;
+                    let links = kp_netlink::link::Links::new().context("opening rtnetlink")?;
+                    let mut p = IpvsProxier::new(
+                        family,
+                        ipvs_cfg.clone(),
+                        ipt(sink),
+                        Box::new(kp_netfilter::ipset::ExecIpset::new()),
+                        Box::new(ipvs),
+                        Box::new(links),
+                        host,
+                    )?;
+                    if let Some(ct) = conntrack() {
+                        p = p.with_conntrack(ct);
+                    }
+                    p
+                };
+                let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                continue;
+            }
             match (nft_mode, args.dry_run) {
                 (false, true) => {
                     let ipt = PrintingIptables {
@@ -593,6 +686,14 @@ pub fn run(args: ProxyArgs) -> anyhow::Result<()> {
         }
         source.abort();
         fan_out.abort();
+        for (family, ipset_sink, ipvs_sink) in ipvs_outputs {
+            let sets = ipset_sink.lock().map(|s| s.clone()).unwrap_or_default();
+            let table = ipvs_sink.lock().map(|s| s.clone()).unwrap_or_default();
+            println!("# {family}: ipset restore input");
+            print!("{sets}");
+            println!("# {family}: IPVS table (ipvsadm -S -n)");
+            print!("{table}");
+        }
         for (family, sink) in outputs {
             let text = sink.lock().map(|s| s.clone()).unwrap_or_default();
             let tool = match (nft_mode, family) {
@@ -637,6 +738,9 @@ fn families(mode: ProxyModeArg, dry_run: bool) -> Vec<IpFamily> {
     }
     out
 }
+
+/// Where a dry run collects what it would send.
+type Sink = Arc<std::sync::Mutex<String>>;
 
 /// The runner of `--dry-run`: applies each payload to a checking fake (so an invalid payload
 /// still fails) and keeps it for printing instead of touching the kernel.

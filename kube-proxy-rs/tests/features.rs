@@ -335,6 +335,7 @@ items:
     proxy.wait_until(
         "the proxy did not program the IPv6 Service",
         || match mode {
+            Mode::Ipvs => unreachable!("IPVS mode is tested in tests/ipvs.rs"),
             Mode::Iptables => node
                 .run("ip6tables-save", ["-t", "nat"])
                 .is_ok_and(|s| s.contains("-d fd00:10:96::a/128 -p tcp")),

@@ -112,7 +112,7 @@ fn kubeadm_daemonset_command_line_is_accepted() {
     assert_eq!(rc, Some(0), "{err}");
     assert!(out.contains("KUBE-SERVICES"), "{out}");
     assert!(err.contains("SomeFutureGate"), "{err}");
-    assert!(err.contains("--ipvs-scheduler"), "{err}");
+    assert!(err.contains("--vmodule"), "{err}");
 }
 
 #[test]

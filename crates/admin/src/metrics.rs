@@ -32,6 +32,11 @@
 //! | `kube_proxy_rs_api_server_connected` | gauge | 1 while every watch of the API server is connected, 0 while it is unreachable (the programmed rules are kept as they are) |
 //! | `kube_proxy_rs_api_server_disconnects_total` | counter | times the API server became unreachable |
 //!
+//! and, in every process, `kube_proxy_rs_proxy_mode_fallback{requested,running}` (gauge, 1): the
+//! requested mode could not run on this node and the proxy runs another (IPVS mode without
+//! the kernel's IPVS falls back to iptables mode, as kube-proxy did; the log names what is
+//! missing).
+//!
 //! `/healthz` does not fail during an API outage, as upstream's does not: it reports whether
 //! queued changes are applied, and a node whose rules are current keeps serving; failing every
 //! node's `/healthz` at once would make load balancers drain the whole cluster.
@@ -102,6 +107,12 @@ struct PolicyLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FallbackLabels {
+    requested: String,
+    running: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CodeLabels {
     code: u16,
 }
@@ -159,6 +170,7 @@ struct Inner {
     no_local_endpoints: Family<PolicyLabels, Gauge>,
     healthz_total: Family<CodeLabels, Counter>,
     livez_total: Family<CodeLabels, Counter>,
+    mode_fallback: Family<FallbackLabels, Gauge>,
     conntrack_duration: HistogramFamily<FamilyLabels>,
     conntrack_deleted: Family<FamilyLabels, Counter>,
     /// Whether the API-server metrics are registered (the process watches the API server).
@@ -226,6 +238,7 @@ impl Metrics {
             no_local_endpoints: Family::default(),
             healthz_total: Family::default(),
             livez_total: Family::default(),
+            mode_fallback: Family::default(),
             conntrack_duration: hist(),
             conntrack_deleted: Family::default(),
             api_source,
@@ -409,6 +422,18 @@ impl Metrics {
         }
     }
 
+    /// Records that `requested` mode could not run and `running` runs instead:
+    /// `kube_proxy_rs_proxy_mode_fallback{requested,running} 1`.
+    pub fn mode_fallback(&self, requested: &str, running: &str) {
+        self.inner
+            .mode_fallback
+            .get_or_create(&FallbackLabels {
+                requested: requested.to_string(),
+                running: running.to_string(),
+            })
+            .set(1);
+    }
+
     /// Counts one `/livez` answer with HTTP status `code`.
     pub fn livez_answered(&self, code: u16) {
         self.inner
@@ -536,6 +561,11 @@ fn register(inner: &mut Inner) {
             inner.iptables_rules_last.clone(),
         );
     }
+    r.register(
+        "kube_proxy_rs_proxy_mode_fallback",
+        "1 when the requested proxy mode could not run on this node and another runs instead",
+        inner.mode_fallback.clone(),
+    );
     if inner.api_source {
         r.register(
             "kube_proxy_rs_api_server_connected",

@@ -35,6 +35,9 @@ pub const NODE_ARGS: [&str; 3] = [
 /// How long a daemon may take to program its first rules.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// The same under qemu's software emulation, where everything is 10-30 times slower.
+const GUEST_READY_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// The proxy mode a test runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
@@ -42,6 +45,8 @@ pub enum Mode {
     Iptables,
     /// `--proxy-mode nftables`.
     Nftables,
+    /// `--proxy-mode ipvs` (run in the qemu guest where the host kernel has no IPVS).
+    Ipvs,
 }
 
 impl Mode {
@@ -50,6 +55,7 @@ impl Mode {
         match self {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
+            Mode::Ipvs => "ipvs",
         }
     }
 
@@ -59,6 +65,7 @@ impl Mode {
         match self {
             Mode::Iptables => &[],
             Mode::Nftables => &["--proxy-mode=nftables"],
+            Mode::Ipvs => &["--proxy-mode=ipvs"],
         }
     }
 
@@ -75,6 +82,12 @@ impl Mode {
         match self {
             Mode::Iptables => save(ns, "iptables-save"),
             Mode::Nftables => ns.run("nft", ["list", "ruleset"]).unwrap(),
+            Mode::Ipvs => format!(
+                "{}{}{}",
+                save(ns, "iptables-save"),
+                ns.run("ipset", ["save"]).unwrap_or_default(),
+                ns.run("ipvsadm", ["-S", "-n"]).unwrap_or_default()
+            ),
         }
     }
 
@@ -84,6 +97,8 @@ impl Mode {
         match self {
             Mode::Iptables => ns.run("iptables-save", ["-t", "nat"]),
             Mode::Nftables => ns.run("nft", ["list", "table", "ip", "kube-proxy"]),
+            // The virtual servers stand in for the NAT rules.
+            Mode::Ipvs => ns.run("ipvsadm", ["-S", "-n"]),
         }
         .unwrap_or_default()
     }
@@ -100,6 +115,14 @@ impl Mode {
             Mode::Nftables => ["ip", "ip6"].iter().all(|family| {
                 nft_table(ns, family).is_some_and(|s| s.contains("jump masquerading"))
             }),
+            Mode::Ipvs => {
+                ["iptables-save", "ip6tables-save"].iter().all(|save| {
+                    ns.run(save, ["-t", "filter"])
+                        .is_ok_and(|s| s.contains("-A KUBE-IPVS-FILTER"))
+                }) && ns
+                    .run("ipvsadm", ["-S", "-n"])
+                    .is_ok_and(|s| s.contains("-A "))
+            }
         }
     }
 
@@ -108,6 +131,7 @@ impl Mode {
         match self {
             Mode::Iptables => "synced iptables rules",
             Mode::Nftables => "synced nftables rules",
+            Mode::Ipvs => "synced IPVS rules",
         }
     }
 }
@@ -252,7 +276,12 @@ impl Daemon {
     /// Waits up to 20 s for `condition`; panics with the log if the daemon exits or the
     /// time runs out (`what` says what was awaited).
     pub fn wait_until(&mut self, what: &str, condition: impl FnMut() -> bool) {
-        if let Err(e) = self.guard.wait_for(condition, READY_TIMEOUT) {
+        let timeout = if kp_testkit::vm::in_guest() {
+            GUEST_READY_TIMEOUT
+        } else {
+            READY_TIMEOUT
+        };
+        if let Err(e) = self.guard.wait_for(condition, timeout) {
             panic!("{what}: {e}\n{}", self.log());
         }
     }
@@ -405,7 +434,7 @@ const FEATURE_SERVICES: &str = r#"
 pub fn feature_cluster(mode: Mode) -> String {
     let node = match mode {
         Mode::Iptables => "",
-        Mode::Nftables => FEATURE_NODE,
+        Mode::Nftables | Mode::Ipvs => FEATURE_NODE,
     };
     let mut out = format!("apiVersion: v1\nkind: List\nitems:{node}{FEATURE_SERVICES}");
     for (svc, port, proto, pname) in [

@@ -103,6 +103,23 @@ pub trait Iptables: Send + Sync {
     fn version(&self) -> Result<IptablesVersion, Error>;
 }
 
+/// A boxed runner is a runner (the binary picks the real one or a dry-run printer at run
+/// time).
+impl<T: Iptables + ?Sized> Iptables for Box<T> {
+    fn ip_version(&self) -> IpVersion {
+        (**self).ip_version()
+    }
+    fn restore(&self, payload: &[u8]) -> Result<(), Error> {
+        (**self).restore(payload)
+    }
+    fn save(&self, table: Option<Table>) -> Result<String, Error> {
+        (**self).save(table)
+    }
+    fn version(&self) -> Result<IptablesVersion, Error> {
+        (**self).version()
+    }
+}
+
 /// The result of running a command through an [`Exec`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ExecOutput {

@@ -398,18 +398,27 @@ pub fn partial_payload<P: ChainNames + ?Sized>(
 }
 
 /// The fixed chains that `--cleanup` removes, per table.
-const CLEANUP_FILTER: [&str; 5] = [
+/// Our filter chains, of iptables mode and of IPVS mode (so `--cleanup` and a switch to
+/// nftables mode remove both).
+const CLEANUP_FILTER: [&str; 9] = [
     KUBE_SERVICES,
     KUBE_EXTERNAL_SERVICES,
     KUBE_FORWARD,
     KUBE_NODEPORTS,
     KUBE_PROXY_FIREWALL,
+    crate::ipvs::names::KUBE_NODE_PORT,
+    crate::ipvs::names::KUBE_SOURCE_RANGES_FIREWALL,
+    crate::ipvs::names::KUBE_IPVS_FILTER,
+    crate::ipvs::names::KUBE_IPVS_OUT_FILTER,
 ];
-const CLEANUP_NAT: [&str; 4] = [
+/// Our nat chains, of iptables mode and of IPVS mode.
+const CLEANUP_NAT: [&str; 6] = [
     KUBE_SERVICES,
     KUBE_NODEPORTS,
     KUBE_POSTROUTING,
     KUBE_MARK_MASQ,
+    crate::ipvs::names::KUBE_NODE_PORT,
+    crate::ipvs::names::KUBE_LOAD_BALANCER,
 ];
 
 /// The localnet drop we write into `KUBE-FIREWALL`, canonical.

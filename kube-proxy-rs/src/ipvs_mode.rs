@@ -1,0 +1,273 @@
+//! IPVS mode in the binary: its configuration from the flags, the start-up checks that
+//! decide whether IPVS mode can run on this node (and the fallback to iptables mode when it
+//! cannot, as seed 003 describes kube-proxy doing), `--cleanup` of its kernel objects, and the
+//! printing adapters of `--dry-run`.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use ipnet::IpNet;
+use kp_netfilter::ipset::{ExecIpset, FakeIpset, Ipset, IpsetVersion, SetState};
+use kp_netlink::ipvs::{
+    FakeIpvs, Ipvs, IpvsInfo, IpvsOp, IpvsOps, RealServer, ServiceKey, VirtualServer,
+};
+use kp_netlink::link::{FakeLinks, LinkOps, Links};
+use kp_proxier::ipvs::{IpvsConfig, SCHEDULERS};
+use kp_proxier::{LocalDetector, NodePortAddresses};
+use tracing::{info, warn};
+
+use crate::cli::ProxyArgs;
+
+/// How long a removed TCP real server may drain at weight 0 before it is deleted anyway.
+pub const GRACEFUL_TERMINATION_BOUND: Duration = Duration::from_secs(15 * 60);
+
+/// Builds the IPVS-mode configuration from the flags.
+///
+/// # Errors
+/// A message naming the flag whose value is invalid (`--ipvs-scheduler` not one of
+/// upstream's schedulers, a bad `--ipvs-exclude-cidrs` entry).
+pub fn ipvs_config(args: &ProxyArgs, local_detector: LocalDetector) -> anyhow::Result<IpvsConfig> {
+    let scheduler = match args.compat.ipvs_scheduler.trim() {
+        "" => "rr".to_string(),
+        s => s.to_string(),
+    };
+    if !SCHEDULERS.contains(&scheduler.as_str()) {
+        bail!(
+            "--ipvs-scheduler {scheduler:?} is not an IPVS scheduler (one of {})",
+            SCHEDULERS.join(", ")
+        );
+    }
+    let mut exclude_cidrs = Vec::new();
+    for c in args
+        .compat
+        .ipvs_exclude_cidrs
+        .iter()
+        .map(|c| c.trim())
+        .filter(|c| !c.is_empty())
+    {
+        let net: IpNet = c
+            .parse()
+            .with_context(|| format!("--ipvs-exclude-cidrs: {c:?} is not a CIDR"))?;
+        exclude_cidrs.push(net);
+    }
+    Ok(IpvsConfig {
+        scheduler,
+        masquerade_all: args.masquerade_all,
+        masquerade_bit: args.iptables_masquerade_bit,
+        local_detector,
+        nodeport_addresses: NodePortAddresses::parse(&args.nodeport_addresses)?,
+        exclude_cidrs,
+        strict_arp: args.compat.ipvs_strict_arp,
+        graceful_termination_bound: GRACEFUL_TERMINATION_BOUND,
+    })
+}
+
+/// What the start-up check found missing for IPVS mode (empty: IPVS mode can run).
+///
+/// Mirrors upstream's `CanUseIPVSProxier` and the checks seed 003 lists: the kernel's IPVS
+/// (the `IPVS` generic-netlink family, i.e. `ip_vs`), the schedulers `rr`, `wrr`, `sh` and
+/// the configured one (each a dummy virtual server `198.51.100.0:20000` added and deleted,
+/// which also loads `ip_vs_<name>` where modules can load), conntrack (`nf_conntrack`), dummy
+/// links (for kube-ipvs0), and the `ipset` tool at version 6.0 or later.
+pub fn missing_for_ipvs(scheduler: &str) -> Vec<String> {
+    let mut missing = Vec::new();
+    match Ipvs::new() {
+        Err(e) => missing.push(format!("the kernel's IPVS (ip_vs): {e}")),
+        Ok(mut ipvs) => {
+            let mut wanted = vec!["rr", "wrr", "sh"];
+            if !wanted.contains(&scheduler) {
+                wanted.push(scheduler);
+            }
+            for s in wanted {
+                match kp_netlink::ipvs::scheduler_probe(&mut ipvs, s) {
+                    Ok(true) => {}
+                    Ok(false) => missing.push(format!("the IPVS scheduler {s} (ip_vs_{s})")),
+                    Err(e) => missing.push(format!("the IPVS scheduler {s} (ip_vs_{s}): {e}")),
+                }
+            }
+        }
+    }
+    if !std::path::Path::new("/proc/sys/net/netfilter/nf_conntrack_max").exists() {
+        missing.push("conntrack (nf_conntrack)".into());
+    }
+    match Links::new() {
+        Err(e) => missing.push(format!("rtnetlink: {e}")),
+        Ok(mut links) => {
+            let existed = links.link_index(kp_proxier::ipvs::names::DUMMY_DEVICE);
+            if !matches!(existed, Ok(Some(_))) {
+                match links.ensure_dummy(kp_proxier::ipvs::names::DUMMY_DEVICE) {
+                    Ok(_) => {
+                        // Created only to test: IPVS mode creates it again at its first sync.
+                        let _ = links.delete_link(kp_proxier::ipvs::names::DUMMY_DEVICE);
+                    }
+                    Err(e) => missing.push(format!("dummy links (kube-ipvs0): {e}")),
+                }
+            }
+        }
+    }
+    match ExecIpset::new().version() {
+        Ok(v) if v.is_supported() => {}
+        Ok(v) => missing.push(format!("ipset 6.0 or later (found {v})")),
+        Err(e) => missing.push(format!("the ipset tool: {e}")),
+    }
+    missing
+}
+
+/// Removes IPVS mode's kernel objects (virtual servers outside `exclude`, kube-ipvs0, the
+/// ipsets of both families). Run it after the iptables chains are gone. Returns whether
+/// anything was removed; `Err(())` when something failed (logged).
+pub fn cleanup_objects(exclude: &[IpNet], quiet_when_absent: bool) -> Result<bool, ()> {
+    let ipset = ExecIpset::new();
+    let mut ipvs = Ipvs::new().ok();
+    let mut links = match Links::new() {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("IPVS cleanup: rtnetlink: {e}");
+            return Err(());
+        }
+    };
+    if ipset.version().is_err() {
+        // No ipset tool: nothing of ours can be in ipsets; still remove the rest.
+        if !quiet_when_absent {
+            info!("no ipset tool: skipping ipsets");
+        }
+    }
+    let ipvs_ref: Option<&mut dyn IpvsOps> = ipvs.as_mut().map(|i| i as &mut dyn IpvsOps);
+    let result = if ipset.version().is_ok() {
+        kp_proxier::ipvs::cleanup(&ipset, ipvs_ref, &mut links, exclude)
+    } else {
+        kp_proxier::ipvs::cleanup(&NoIpset, ipvs_ref, &mut links, exclude)
+    };
+    match result {
+        Ok(report) => {
+            if !report.is_empty() {
+                info!(
+                    virtual_servers = report.virtual_servers,
+                    ipsets = report.sets,
+                    kube_ipvs0 = report.dummy_link,
+                    "removed IPVS-mode objects"
+                );
+            }
+            Ok(!report.is_empty())
+        }
+        Err(e) => {
+            tracing::error!("IPVS cleanup failed: {e}");
+            Err(())
+        }
+    }
+}
+
+/// Whether IPVS mode left objects on this node (kube-ipvs0 or one of its ipsets).
+pub fn has_leftovers() -> bool {
+    let Ok(mut links) = Links::new() else {
+        return false;
+    };
+    let ipset = ExecIpset::new();
+    if ipset.version().is_err() {
+        return kp_proxier::ipvs::has_leftovers(&NoIpset, &mut links);
+    }
+    kp_proxier::ipvs::has_leftovers(&ipset, &mut links)
+}
+
+/// An ipset stand-in for hosts without the tool: no sets.
+struct NoIpset;
+
+impl Ipset for NoIpset {
+    fn version(&self) -> Result<IpsetVersion, kp_netfilter::Error> {
+        IpsetVersion::parse("ipset v7.0, protocol version: 7").map_err(|e| {
+            kp_netfilter::Error::Parse(kp_netfilter::ParseError {
+                line: 0,
+                message: e,
+            })
+        })
+    }
+    fn save(&self) -> Result<Vec<SetState>, kp_netfilter::Error> {
+        Ok(Vec::new())
+    }
+    fn restore(&self, _payload: &[u8]) -> Result<(), kp_netfilter::Error> {
+        Ok(())
+    }
+}
+
+/// The ipset runner of `--dry-run`: a checking fake that keeps each payload for printing.
+pub struct PrintingIpset {
+    /// The fake the payloads are applied to (so an invalid payload still fails).
+    pub fake: FakeIpset,
+    /// Where the payloads go.
+    pub sink: Arc<Mutex<String>>,
+}
+
+impl Ipset for PrintingIpset {
+    fn version(&self) -> Result<IpsetVersion, kp_netfilter::Error> {
+        self.fake.version()
+    }
+    fn save(&self) -> Result<Vec<SetState>, kp_netfilter::Error> {
+        self.fake.save()
+    }
+    fn restore(&self, payload: &[u8]) -> Result<(), kp_netfilter::Error> {
+        self.fake.restore(payload)?;
+        if let Ok(mut s) = self.sink.lock() {
+            s.push_str(&String::from_utf8_lossy(payload));
+        }
+        Ok(())
+    }
+}
+
+/// The IPVS handle of `--dry-run`: a checking fake whose resulting table is printed in
+/// `ipvsadm -S -n` form.
+pub struct PrintingIpvs {
+    /// The fake table.
+    pub fake: FakeIpvs,
+    /// Where the resulting table goes (rewritten after each batch).
+    pub sink: Arc<Mutex<String>>,
+}
+
+impl IpvsOps for PrintingIpvs {
+    fn info(&mut self) -> kp_netlink::Result<IpvsInfo> {
+        self.fake.info()
+    }
+    fn services(&mut self) -> kp_netlink::Result<Vec<VirtualServer>> {
+        self.fake.services()
+    }
+    fn destinations(&mut self, svc: &ServiceKey) -> kp_netlink::Result<Vec<RealServer>> {
+        self.fake.destinations(svc)
+    }
+    fn apply(
+        &mut self,
+        ops: &[IpvsOp],
+    ) -> kp_netlink::Result<Vec<Result<(), kp_netlink::ipvs::OpError>>> {
+        let out = self.fake.apply(ops)?;
+        let table = kp_netlink::ipvs::dump_all(&mut self.fake)?;
+        if let Ok(mut s) = self.sink.lock() {
+            *s = kp_netlink::ipvs::save_text(&table);
+        }
+        Ok(out)
+    }
+    fn flush(&mut self) -> kp_netlink::Result<()> {
+        self.fake.flush()
+    }
+}
+
+/// The links of `--dry-run`: an empty node (kube-ipvs0 not yet there) with the real node's
+/// other addresses, so NodePort virtual servers are those this node would get.
+pub fn dry_run_links() -> FakeLinks {
+    let mut fake = FakeLinks::new();
+    if let Ok(mut real) = Links::new()
+        && let Ok(addrs) = real.local_addresses()
+    {
+        let mut by_dev: std::collections::BTreeMap<String, Vec<std::net::IpAddr>> =
+            std::collections::BTreeMap::new();
+        for (dev, addr) in addrs {
+            if dev != kp_proxier::ipvs::names::DUMMY_DEVICE {
+                by_dev.entry(dev).or_default().push(addr);
+            }
+        }
+        for (dev, addrs) in by_dev {
+            fake.add_link(&dev, &addrs);
+        }
+    } else {
+        warn!("dry run: cannot read this node's addresses; NodePort virtual servers are not shown");
+    }
+    fake
+}
