@@ -697,4 +697,6 @@ pub(crate) fn decode_family_id(payload: &[u8]) -> Result<u16, String> {
 }
 
 #[cfg(test)]
+mod kernel_tests;
+#[cfg(test)]
 mod tests;

@@ -11,8 +11,8 @@
 //! `CTRL_ATTR_FAMILY_NAME` = 2, `GENL_ID_CTRL` = 0x10). Reply goldens are laid out the
 //! way `ip_vs_genl_fill_service` / `ip_vs_genl_fill_dest` / `ip_vs_genl_get_cmd` emit
 //! them (nests without `NLA_F_NESTED`, the full 16-byte address, `FLAGS` with mask
-//! `~0`, stats nests the decoder must skip). Goldens captured from a real kernel are to
-//! be added next to these when the VM harness runs [`super::super::scripted_round_trip`].
+//! `~0`, stats nests the decoder must skip). Goldens captured from a real kernel are in
+//! `kernel_tests.rs`.
 
 #![cfg(target_endian = "little")]
 
@@ -469,7 +469,7 @@ fn broken_framing_is_an_error() {
 }
 
 /// Every decoder run over one datagram; results are dropped: only panics matter.
-fn decode_everything(bytes: &[u8]) {
+pub(super) fn decode_everything(bytes: &[u8]) {
     let addr: IpAddr = "10.0.0.1".parse().unwrap();
     if let Ok(messages) = parse_datagram(bytes, FAMILY) {
         for m in messages {
