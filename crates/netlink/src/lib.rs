@@ -63,6 +63,7 @@ pub use error::{Error, Result};
 pub use fake::FakeConntrack;
 pub use flow::{Family, Flow, Status, Tuple, proto};
 pub use ipvs::{
-    FakeIpvs, Forward, Ipvs, IpvsInfo, IpvsOp, IpvsOps, OpError, ParseError, RealServer,
-    ServiceKey, VirtualServer, dump_all, list_text, parse_save_text, save_text, scheduler_probe,
+    FakeIpvs, Forward, Ipvs, IpvsInfo, IpvsOp, IpvsOps, IpvsTimeouts, OpError, ParseError,
+    RealServer, ServiceKey, VirtualServer, dump_all, list_text, parse_save_text, save_text,
+    scheduler_probe,
 };

@@ -5,7 +5,8 @@
 //! reaches the generic netlink controller and reports the missing family as the
 //! distinct [`Error::IpvsUnavailable`]. When the kernel does have IPVS (a guest kernel,
 //! or a host with `ip_vs`), the scripted round trip runs instead and must agree with
-//! [`FakeIpvs`].
+//! [`FakeIpvs`]. The real-kernel checks live in `kernel_vm.rs`, which runs them in the
+//! qemu guest of `kp_testkit::vm` on this host.
 
 use kp_netlink::ipvs::scripted_round_trip;
 use kp_netlink::{Error, FakeIpvs, Ipvs, IpvsOps};

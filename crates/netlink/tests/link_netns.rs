@@ -2,7 +2,8 @@
 //! (deleted on drop, even on failure; root; CI runs them). The host kernel may lack the
 //! dummy link type, so addresses are exercised on a veth link; `ensure_dummy` is checked
 //! to fail with `LinkError::DummyUnsupported` exactly when `ip link add ... type dummy`
-//! fails too. Also checks `FakeLinks` against the same scenario.
+//! fails too. Also checks `FakeLinks` against the same scenario. Dummy links themselves
+//! are tested in `kernel_vm.rs`, in the qemu guest of `kp_testkit::vm`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::Instant;

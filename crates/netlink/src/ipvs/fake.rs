@@ -8,8 +8,8 @@ use nix::errno::Errno;
 
 use super::wire;
 use super::{
-    Forward, IpvsInfo, IpvsOp, IpvsOps, OpError, RealServer, SVC_F_HASHED, ServiceKey,
-    VirtualServer,
+    Forward, IpvsInfo, IpvsOp, IpvsOps, IpvsTimeouts, OpError, RealServer, SVC_F_HASHED,
+    ServiceKey, TIMEOUT_MAX, VirtualServer,
 };
 use crate::error::{Error, Result};
 
@@ -34,6 +34,10 @@ pub const DEFAULT_SCHEDULERS: &[&str] = &[
 /// [`SVC_F_HASHED`] set as the kernel does, and real servers newest first (the kernel
 /// adds to the head of the list). A service that does not exist has no real servers.
 ///
+/// Timeouts start at [`IpvsTimeouts::KERNEL_DEFAULTS`]; setting one to 0 leaves it, a
+/// value above [`TIMEOUT_MAX`] is `EINVAL` (and nothing changes), as in
+/// `ip_vs_set_timeout`.
+///
 /// Fault injection: [`FakeIpvs::fail_next_apply`], [`FakeIpvs::fail_next_dump`],
 /// [`FakeIpvs::fail_ops_on`]; [`FakeIpvs::unavailable`] behaves like a kernel without
 /// IPVS.
@@ -42,6 +46,7 @@ pub struct FakeIpvs {
     services: BTreeMap<ServiceKey, (VirtualServer, Vec<RealServer>)>,
     schedulers: BTreeSet<String>,
     info: IpvsInfo,
+    timeouts: IpvsTimeouts,
     unavailable: bool,
     fail_apply: Option<i32>,
     fail_dump: Option<i32>,
@@ -68,6 +73,7 @@ impl FakeIpvs {
                 version: (1, 2, 1),
                 conn_table_size: 4096,
             },
+            timeouts: IpvsTimeouts::KERNEL_DEFAULTS,
             unavailable: false,
             fail_apply: None,
             fail_dump: None,
@@ -319,6 +325,30 @@ impl IpvsOps for FakeIpvs {
     fn flush(&mut self) -> Result<()> {
         self.check_available("flushing the IPVS table")?;
         self.services.clear();
+        Ok(())
+    }
+
+    fn timeouts(&mut self) -> Result<IpvsTimeouts> {
+        self.check_available("reading IPVS timeouts")?;
+        Ok(self.timeouts)
+    }
+
+    fn set_timeouts(&mut self, timeouts: IpvsTimeouts) -> Result<()> {
+        let op = format!(
+            "setting IPVS timeouts (like `ipvsadm --set {} {} {}`)",
+            timeouts.tcp, timeouts.tcp_fin, timeouts.udp
+        );
+        self.check_available(&op)?;
+        if [timeouts.tcp, timeouts.tcp_fin, timeouts.udp]
+            .iter()
+            .any(|t| *t > TIMEOUT_MAX)
+        {
+            return Err(Error::Kernel {
+                op: format!("{op} (fake)"),
+                code: Errno::EINVAL as i32,
+            });
+        }
+        self.timeouts = self.timeouts.updated_by(timeouts);
         Ok(())
     }
 }

@@ -4,7 +4,10 @@
 //! * [`IpvsOps`]: the seam the proxier uses: [`IpvsOps::info`] (`IPVS_CMD_GET_INFO`),
 //!   [`IpvsOps::services`] / [`IpvsOps::destinations`] (dumps, like `ipvsadm -Ln`),
 //!   [`IpvsOps::apply`] (a batch of [`IpvsOp`]s, like `ipvsadm -R`) and
-//!   [`IpvsOps::flush`] (`ipvsadm -C`).
+//!   [`IpvsOps::flush`] (`ipvsadm -C`); [`IpvsOps::timeouts`] /
+//!   [`IpvsOps::set_timeouts`] (`IPVS_CMD_GET_CONFIG` / `IPVS_CMD_SET_CONFIG`, like
+//!   `ipvsadm -L --timeout` / `ipvsadm --set`). Also implemented for `&mut T`, `Box<T>`
+//!   and `Arc<Mutex<T>>` (a handle shared between threads).
 //! * [`Ipvs`]: the real implementation, a `NETLINK_GENERIC` socket talking to the `IPVS`
 //!   family of the calling thread's network namespace.
 //! * [`FakeIpvs`]: an in-memory table answering like the kernel's `ip_vs_ctl.c` (the same
@@ -54,6 +57,7 @@ mod wire;
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use nix::errno::Errno;
 
@@ -409,6 +413,79 @@ pub struct IpvsInfo {
     pub conn_table_size: u32,
 }
 
+/// The IPVS connection timeouts of a network namespace, in seconds, as `ipvsadm --set tcp
+/// tcpfin udp` sets them and `ipvsadm -L --timeout` prints them (upstream kube-proxy's
+/// `--ipvs-tcp-timeout`, `--ipvs-tcpfin-timeout`, `--ipvs-udp-timeout`).
+///
+/// * `tcp`: idle timeout of an established TCP connection (`IPVS_CMD_ATTR_TIMEOUT_TCP`;
+///   the kernel's default 900);
+/// * `tcp_fin`: a TCP connection after the FIN (`IPVS_CMD_ATTR_TIMEOUT_TCP_FIN`; 120);
+/// * `udp`: a UDP "connection" (`IPVS_CMD_ATTR_TIMEOUT_UDP`; 300).
+///
+/// When setting ([`IpvsOps::set_timeouts`]) 0 leaves that timeout unchanged, as with
+/// ipvsadm and upstream kube-proxy (whose flags default to 0). When reading
+/// ([`IpvsOps::timeouts`]) 0 means the kernel did not report it (a protocol not built in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct IpvsTimeouts {
+    /// Established TCP connections, seconds.
+    pub tcp: u32,
+    /// TCP connections after a FIN, seconds.
+    pub tcp_fin: u32,
+    /// UDP, seconds.
+    pub udp: u32,
+}
+
+impl IpvsTimeouts {
+    /// The kernel's defaults: 900 s, 120 s, 300 s (`tcp_timeouts[]` and `udp_timeouts[]`
+    /// of `ip_vs_proto_tcp.c` / `ip_vs_proto_udp.c`).
+    pub const KERNEL_DEFAULTS: IpvsTimeouts = IpvsTimeouts {
+        tcp: 900,
+        tcp_fin: 120,
+        udp: 300,
+    };
+
+    /// Timeouts with these three values.
+    pub fn new(tcp: u32, tcp_fin: u32, udp: u32) -> IpvsTimeouts {
+        IpvsTimeouts { tcp, tcp_fin, udp }
+    }
+
+    /// `other` where it is non-zero, `self` elsewhere: what the kernel keeps after
+    /// setting `other` on a namespace whose timeouts are `self`.
+    pub fn updated_by(self, other: IpvsTimeouts) -> IpvsTimeouts {
+        let pick = |new: u32, old: u32| if new == 0 { old } else { new };
+        IpvsTimeouts {
+            tcp: pick(other.tcp, self.tcp),
+            tcp_fin: pick(other.tcp_fin, self.tcp_fin),
+            udp: pick(other.udp, self.udp),
+        }
+    }
+}
+
+impl fmt::Display for IpvsTimeouts {
+    /// Like `ipvsadm -L --timeout`: `Timeout (tcp tcpfin udp): 900 120 300`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Timeout (tcp tcpfin udp): {} {} {}",
+            self.tcp, self.tcp_fin, self.udp
+        )
+    }
+}
+
+/// The largest timeout the kernel accepts: `ip_vs_set_timeout` refuses values above
+/// `INT_MAX / HZ` with `EINVAL`. This is the bound for `HZ` = 1000 (the largest `HZ`
+/// Linux offers), so it is accepted by every kernel; [`FakeIpvs`] refuses values above
+/// it. Debian's kernels (`HZ` = 250) accept up to 8,589,934.
+pub const TIMEOUT_MAX: u32 = (i32::MAX / 1000) as u32;
+
+/// The error the default [`IpvsOps::timeouts`] / [`IpvsOps::set_timeouts`] return.
+fn timeouts_unsupported(op: &str) -> Error {
+    Error::Unsupported {
+        op: op.to_owned(),
+        reason: "this IpvsOps implementation does not manage IPVS timeouts".to_owned(),
+    }
+}
+
 /// IPVS table operations: the seam between the proxier and the kernel.
 ///
 /// Implemented by [`Ipvs`] (the kernel, over generic netlink) and [`FakeIpvs`] (in
@@ -458,6 +535,35 @@ pub trait IpvsOps: Send {
     ///
     /// As [`IpvsOps::info`].
     fn flush(&mut self) -> Result<()>;
+
+    /// The namespace's connection timeouts (`IPVS_CMD_GET_CONFIG`, like `ipvsadm -L
+    /// --timeout`).
+    ///
+    /// The default implementation returns [`Error::Unsupported`], so that implementers
+    /// written before timeouts existed keep compiling; [`Ipvs`] and [`FakeIpvs`] implement
+    /// it.
+    ///
+    /// # Errors
+    ///
+    /// As [`IpvsOps::info`], and [`Error::Unsupported`] from the default implementation.
+    fn timeouts(&mut self) -> Result<IpvsTimeouts> {
+        Err(timeouts_unsupported("reading IPVS timeouts"))
+    }
+
+    /// Sets the namespace's connection timeouts (`IPVS_CMD_SET_CONFIG`, like `ipvsadm
+    /// --set tcp tcpfin udp`); a field of 0 leaves that timeout as it is.
+    ///
+    /// The default implementation returns [`Error::Unsupported`] (see
+    /// [`IpvsOps::timeouts`]).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Kernel`] with `EINVAL` for a value above `INT_MAX / HZ` (see
+    /// [`TIMEOUT_MAX`]), `EPERM` without `CAP_NET_ADMIN`; otherwise as [`IpvsOps::info`].
+    fn set_timeouts(&mut self, timeouts: IpvsTimeouts) -> Result<()> {
+        let _ = timeouts;
+        Err(timeouts_unsupported("setting IPVS timeouts"))
+    }
 }
 
 impl<T: IpvsOps + ?Sized> IpvsOps for &mut T {
@@ -475,6 +581,12 @@ impl<T: IpvsOps + ?Sized> IpvsOps for &mut T {
     }
     fn flush(&mut self) -> Result<()> {
         (**self).flush()
+    }
+    fn timeouts(&mut self) -> Result<IpvsTimeouts> {
+        (**self).timeouts()
+    }
+    fn set_timeouts(&mut self, timeouts: IpvsTimeouts) -> Result<()> {
+        (**self).set_timeouts(timeouts)
     }
 }
 
@@ -494,6 +606,44 @@ impl<T: IpvsOps + ?Sized> IpvsOps for Box<T> {
     fn flush(&mut self) -> Result<()> {
         (**self).flush()
     }
+    fn timeouts(&mut self) -> Result<IpvsTimeouts> {
+        (**self).timeouts()
+    }
+    fn set_timeouts(&mut self, timeouts: IpvsTimeouts) -> Result<()> {
+        (**self).set_timeouts(timeouts)
+    }
+}
+
+/// A handle shared between threads: each call locks the mutex for its duration, so the
+/// proxier and, say, a debug endpoint can use one [`Ipvs`] socket in turn. A mutex
+/// poisoned by a panic in another holder is used anyway: the table lives in the kernel,
+/// and every call is a complete exchange of its own.
+impl<T: IpvsOps + ?Sized> IpvsOps for Arc<Mutex<T>> {
+    fn info(&mut self) -> Result<IpvsInfo> {
+        lock(self).info()
+    }
+    fn services(&mut self) -> Result<Vec<VirtualServer>> {
+        lock(self).services()
+    }
+    fn destinations(&mut self, svc: &ServiceKey) -> Result<Vec<RealServer>> {
+        lock(self).destinations(svc)
+    }
+    fn apply(&mut self, ops: &[IpvsOp]) -> Result<Vec<std::result::Result<(), OpError>>> {
+        lock(self).apply(ops)
+    }
+    fn flush(&mut self) -> Result<()> {
+        lock(self).flush()
+    }
+    fn timeouts(&mut self) -> Result<IpvsTimeouts> {
+        lock(self).timeouts()
+    }
+    fn set_timeouts(&mut self, timeouts: IpvsTimeouts) -> Result<()> {
+        lock(self).set_timeouts(timeouts)
+    }
+}
+
+fn lock<T: ?Sized>(shared: &Mutex<T>) -> MutexGuard<'_, T> {
+    shared.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Every virtual server with its real servers, dumped through `ops` (one dump of the
@@ -645,6 +795,106 @@ mod tests {
             "deleting virtual server TCP 10.96.0.1:443 (like `ipvsadm -D -t 10.96.0.1:443`): \
              the kernel answered ESRCH: No such process (3)"
         );
+    }
+
+    #[test]
+    fn timeouts_follow_ipvsadm_set() {
+        let mut fake = FakeIpvs::new();
+        assert_eq!(fake.timeouts().unwrap(), IpvsTimeouts::KERNEL_DEFAULTS);
+        fake.set_timeouts(IpvsTimeouts::new(3600, 0, 0)).unwrap();
+        assert_eq!(fake.timeouts().unwrap(), IpvsTimeouts::new(3600, 120, 300));
+        fake.set_timeouts(IpvsTimeouts::new(0, 30, 60)).unwrap();
+        assert_eq!(fake.timeouts().unwrap(), IpvsTimeouts::new(3600, 30, 60));
+        fake.set_timeouts(IpvsTimeouts::default()).unwrap();
+        assert_eq!(fake.timeouts().unwrap(), IpvsTimeouts::new(3600, 30, 60));
+        let err = fake
+            .set_timeouts(IpvsTimeouts::new(1, TIMEOUT_MAX + 1, 1))
+            .unwrap_err();
+        assert_eq!(err.code(), Some(Errno::EINVAL as i32));
+        assert_eq!(fake.timeouts().unwrap(), IpvsTimeouts::new(3600, 30, 60));
+        fake.set_timeouts(IpvsTimeouts::new(TIMEOUT_MAX, 1, 1))
+            .unwrap();
+        assert_eq!(
+            IpvsTimeouts::KERNEL_DEFAULTS.to_string(),
+            "Timeout (tcp tcpfin udp): 900 120 300"
+        );
+        assert!(matches!(
+            FakeIpvs::unavailable().timeouts(),
+            Err(Error::IpvsUnavailable { .. })
+        ));
+    }
+
+    /// An implementer written before timeouts existed: only the required methods.
+    struct Minimal;
+
+    impl IpvsOps for Minimal {
+        fn info(&mut self) -> Result<IpvsInfo> {
+            Ok(IpvsInfo {
+                version: (1, 2, 1),
+                conn_table_size: 4096,
+            })
+        }
+        fn services(&mut self) -> Result<Vec<VirtualServer>> {
+            Ok(Vec::new())
+        }
+        fn destinations(&mut self, _: &ServiceKey) -> Result<Vec<RealServer>> {
+            Ok(Vec::new())
+        }
+        fn apply(&mut self, ops: &[IpvsOp]) -> Result<Vec<std::result::Result<(), OpError>>> {
+            Ok(vec![Ok(()); ops.len()])
+        }
+        fn flush(&mut self) -> Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn timeouts_default_to_unsupported_and_wrappers_forward() {
+        let mut minimal = Minimal;
+        assert!(matches!(minimal.timeouts(), Err(Error::Unsupported { .. })));
+        let err = minimal
+            .set_timeouts(IpvsTimeouts::new(1, 2, 3))
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("does not manage IPVS timeouts"),
+            "{err}"
+        );
+
+        // &mut, Box and Arc<Mutex> forward every method, the new ones included.
+        fn set_through<O: IpvsOps>(mut ops: O) {
+            ops.set_timeouts(IpvsTimeouts::new(1, 0, 0)).unwrap();
+        }
+        let mut fake = FakeIpvs::new();
+        set_through(&mut fake);
+        let mut boxed: Box<dyn IpvsOps> = Box::new(fake);
+        assert_eq!(boxed.timeouts().unwrap().tcp, 1);
+        let shared = Arc::new(Mutex::new(FakeIpvs::new()));
+        let mut handle = Arc::clone(&shared);
+        let key = ServiceKey::new("10.96.0.1".parse().unwrap(), proto::TCP, 443);
+        std::thread::spawn(move || {
+            handle
+                .apply(&[IpvsOp::AddService(VirtualServer::new(key, "rr"))])
+                .unwrap();
+            handle.set_timeouts(IpvsTimeouts::new(0, 0, 7)).unwrap();
+        })
+        .join()
+        .unwrap();
+        let mut mine = Arc::clone(&shared);
+        assert_eq!(dump_all(&mut mine).unwrap().len(), 1);
+        assert_eq!(mine.timeouts().unwrap().udp, 7);
+        assert_eq!(mine.info().unwrap().conn_table_size, 4096);
+        // A trait object behind the mutex works too, and a poisoned mutex is still used.
+        let dynamic: Arc<Mutex<dyn IpvsOps>> = Arc::new(Mutex::new(FakeIpvs::new()));
+        let poisoner = Arc::clone(&dynamic);
+        let _ = std::thread::spawn(move || {
+            let _guard = poisoner.lock().unwrap();
+            panic!("poison the mutex");
+        })
+        .join();
+        let mut dynamic = dynamic;
+        assert!(dynamic.flush().is_ok());
+        assert_eq!(dynamic.services().unwrap().len(), 0);
+        assert!(dynamic.destinations(&key).unwrap().is_empty());
     }
 
     #[test]

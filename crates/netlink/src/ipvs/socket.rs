@@ -25,7 +25,9 @@ use nix::sys::socket::{MsgFlags, setsockopt, sockopt};
 use nix::sys::time::{TimeVal, TimeValLike};
 
 use super::wire::{self, Incoming, IpvsPayload, Reply};
-use super::{IpvsInfo, IpvsOp, IpvsOps, OpError, RealServer, ServiceKey, VirtualServer};
+use super::{
+    IpvsInfo, IpvsOp, IpvsOps, IpvsTimeouts, OpError, RealServer, ServiceKey, VirtualServer,
+};
 use crate::conntrack::{DEFAULT_TIMEOUT, DUMP_ATTEMPTS};
 use crate::error::{Error, Result};
 
@@ -471,6 +473,34 @@ impl IpvsOps for Ipvs {
             .zip(ops)
             .map(|(result, op)| result.unwrap_or_else(|| Err(OpError::new(op, Errno::EIO))))
             .collect())
+    }
+
+    fn timeouts(&mut self) -> Result<IpvsTimeouts> {
+        let op = "reading IPVS timeouts (IPVS_CMD_GET_CONFIG, like `ipvsadm -L --timeout`)";
+        let seq = self.next_seq();
+        let request = wire::get_config_request(self.family_id, seq);
+        for reply in self.exchange(&request, seq, op)? {
+            if let Reply::Ipvs(payload) = reply {
+                return wire::decode_config(&payload).map_err(|detail| Error::Malformed {
+                    op: op.to_owned(),
+                    detail,
+                });
+            }
+        }
+        Err(Error::Malformed {
+            op: op.to_owned(),
+            detail: "acknowledged without an answer".into(),
+        })
+    }
+
+    fn set_timeouts(&mut self, timeouts: IpvsTimeouts) -> Result<()> {
+        let op = format!(
+            "setting IPVS timeouts (IPVS_CMD_SET_CONFIG, like `ipvsadm --set {} {} {}`)",
+            timeouts.tcp, timeouts.tcp_fin, timeouts.udp
+        );
+        let seq = self.next_seq();
+        let request = wire::set_config_request(self.family_id, &timeouts, seq);
+        self.exchange(&request, seq, &op).map(drop)
     }
 
     fn flush(&mut self) -> Result<()> {

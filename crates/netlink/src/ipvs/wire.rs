@@ -25,13 +25,17 @@
 //! * `IPVS_CMD_GET_SERVICE` (4) with `NLM_F_DUMP` and no attributes; `IPVS_CMD_GET_DEST`
 //!   (8) with `NLM_F_DUMP` and the key nest; `IPVS_CMD_GET_INFO` (15) and
 //!   `IPVS_CMD_FLUSH` (17) without attributes.
+//! * `IPVS_CMD_SET_CONFIG` (12): top-level `IPVS_CMD_ATTR_TIMEOUT_TCP` (4),
+//!   `_TCP_FIN` (5), `_UDP` (6), u32 seconds each, all three always (0: unchanged), as
+//!   ipvsadm's `ipvs_set_timeout` sends them. `IPVS_CMD_GET_CONFIG` (13) has no
+//!   attributes; the kernel answers `IPVS_CMD_SET_CONFIG` with the same three.
 //!
 //! Integers are in host order except ports (network order); the IPv4 netmask is the
 //! kernel's `__be32` as stored, see [`super::VirtualServer::netmask`]. Changes carry
 //! `NLM_F_REQUEST | NLM_F_ACK`.
 //!
 //! Replies are walked by [`parse_datagram`]; the decoders ([`decode_service`],
-//! [`decode_dest`], [`decode_info`], [`decode_family_id`]) return a reason instead of
+//! [`decode_dest`], [`decode_info`], [`decode_config`], [`decode_family_id`]) return a reason instead of
 //! panicking on anything the kernel (or a corrupted buffer) sends.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -49,7 +53,8 @@ use netlink_packet_generic::{GenlFamily, GenlHeader, GenlMessage};
 use nix::errno::Errno;
 
 use super::{
-    Forward, IpvsInfo, IpvsOp, RealServer, SCHED_NAME_MAX, SVC_F_HASHED, ServiceKey, VirtualServer,
+    Forward, IpvsInfo, IpvsOp, IpvsTimeouts, RealServer, SCHED_NAME_MAX, SVC_F_HASHED, ServiceKey,
+    VirtualServer,
 };
 
 /// `IPVS_GENL_NAME`.
@@ -65,12 +70,17 @@ pub(crate) const CMD_NEW_DEST: u8 = 5;
 pub(crate) const CMD_SET_DEST: u8 = 6;
 pub(crate) const CMD_DEL_DEST: u8 = 7;
 pub(crate) const CMD_GET_DEST: u8 = 8;
+pub(crate) const CMD_SET_CONFIG: u8 = 12;
+pub(crate) const CMD_GET_CONFIG: u8 = 13;
 pub(crate) const CMD_SET_INFO: u8 = 14;
 pub(crate) const CMD_GET_INFO: u8 = 15;
 pub(crate) const CMD_FLUSH: u8 = 17;
 
 const CMD_ATTR_SERVICE: u16 = 1;
 const CMD_ATTR_DEST: u16 = 2;
+const CMD_ATTR_TIMEOUT_TCP: u16 = 4;
+const CMD_ATTR_TIMEOUT_TCP_FIN: u16 = 5;
+const CMD_ATTR_TIMEOUT_UDP: u16 = 6;
 
 const SVC_ATTR_AF: u16 = 1;
 const SVC_ATTR_PROTOCOL: u16 = 2;
@@ -208,6 +218,32 @@ pub(crate) fn info_request(family_id: u16, seq: u32) -> Vec<u8> {
         NLM_F_REQUEST | NLM_F_ACK,
         seq,
         Vec::new(),
+    )
+}
+
+/// `IPVS_CMD_GET_CONFIG`.
+pub(crate) fn get_config_request(family_id: u16, seq: u32) -> Vec<u8> {
+    ipvs_request(
+        family_id,
+        CMD_GET_CONFIG,
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        Vec::new(),
+    )
+}
+
+/// `IPVS_CMD_SET_CONFIG` with the three timeouts.
+pub(crate) fn set_config_request(family_id: u16, timeouts: &IpvsTimeouts, seq: u32) -> Vec<u8> {
+    ipvs_request(
+        family_id,
+        CMD_SET_CONFIG,
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        vec![
+            u32_attr(CMD_ATTR_TIMEOUT_TCP, timeouts.tcp),
+            u32_attr(CMD_ATTR_TIMEOUT_TCP_FIN, timeouts.tcp_fin),
+            u32_attr(CMD_ATTR_TIMEOUT_UDP, timeouts.udp),
+        ],
     )
 }
 
@@ -617,6 +653,26 @@ pub(crate) fn decode_info(payload: &IpvsPayload) -> Result<IpvsInfo, String> {
     })
 }
 
+/// The answer to `IPVS_CMD_GET_CONFIG` (`IPVS_CMD_SET_CONFIG` with top-level
+/// timeouts). A timeout the kernel leaves out (its protocol is not built in) reads as 0.
+pub(crate) fn decode_config(payload: &IpvsPayload) -> Result<IpvsTimeouts, String> {
+    if payload.cmd != CMD_SET_CONFIG {
+        return Err(format!(
+            "command {} is not IPVS_CMD_SET_CONFIG",
+            payload.cmd
+        ));
+    }
+    let get = |kind, name| match top_level(&payload.attrs, kind) {
+        Some(nla) => u32_of(&value_of(nla), name),
+        None => Ok(0),
+    };
+    Ok(IpvsTimeouts {
+        tcp: get(CMD_ATTR_TIMEOUT_TCP, "IPVS_CMD_ATTR_TIMEOUT_TCP")?,
+        tcp_fin: get(CMD_ATTR_TIMEOUT_TCP_FIN, "IPVS_CMD_ATTR_TIMEOUT_TCP_FIN")?,
+        udp: get(CMD_ATTR_TIMEOUT_UDP, "IPVS_CMD_ATTR_TIMEOUT_UDP")?,
+    })
+}
+
 /// The family id in a controller answer (`CTRL_ATTR_FAMILY_ID`), decoded with the
 /// `netlink-packet-generic` controller types, or by walking the attributes when those
 /// refuse something a newer kernel added.
@@ -640,5 +696,7 @@ pub(crate) fn decode_family_id(payload: &[u8]) -> Result<u16, String> {
     )
 }
 
+#[cfg(test)]
+mod kernel_tests;
 #[cfg(test)]
 mod tests;

@@ -11,8 +11,8 @@
 //! `CTRL_ATTR_FAMILY_NAME` = 2, `GENL_ID_CTRL` = 0x10). Reply goldens are laid out the
 //! way `ip_vs_genl_fill_service` / `ip_vs_genl_fill_dest` / `ip_vs_genl_get_cmd` emit
 //! them (nests without `NLA_F_NESTED`, the full 16-byte address, `FLAGS` with mask
-//! `~0`, stats nests the decoder must skip). Goldens captured from a real kernel are to
-//! be added next to these when the VM harness runs [`super::super::scripted_round_trip`].
+//! `~0`, stats nests the decoder must skip). Goldens captured from a real kernel are in
+//! `kernel_tests.rs`.
 
 #![cfg(target_endian = "little")]
 
@@ -22,7 +22,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::flow::proto;
-use crate::ipvs::{SVC_F_PERSISTENT, netmask_v4};
+use crate::ipvs::{IpvsTimeouts, SVC_F_PERSISTENT, netmask_v4};
 
 const FAMILY: u16 = 0x25;
 
@@ -189,6 +189,62 @@ fn dump_info_flush_and_family_goldens() {
         0x09, 0x00, 0x02, 0x00, b'I', b'P', b'V', b'S', 0, 0, 0, 0,
     ];
     assert_eq!(family_request(9), family);
+}
+
+#[test]
+#[rustfmt::skip]
+fn timeout_config_goldens() {
+    // IPVS_CMD_GET_CONFIG (13), NLM_F_REQUEST | NLM_F_ACK, no attributes.
+    let get = [0x14, 0, 0, 0, 0x25, 0, 0x05, 0, 10, 0, 0, 0, 0, 0, 0, 0, 0x0d, 0x01, 0, 0];
+    assert_eq!(get_config_request(FAMILY, 10), get);
+    // IPVS_CMD_SET_CONFIG (12) with all three u32s, like `ipvsadm --set 3600 0 300`.
+    let set = [
+        &[0x2c, 0, 0, 0, 0x25, 0, 0x05, 0, 11, 0, 0, 0, 0, 0, 0, 0][..], // 44 bytes
+        &[0x0c, 0x01, 0, 0],                           // IPVS_CMD_SET_CONFIG
+        &[0x08, 0x00, 0x04, 0x00, 0x10, 0x0e, 0, 0],   // TIMEOUT_TCP 3600
+        &[0x08, 0x00, 0x05, 0x00, 0, 0, 0, 0],         // TIMEOUT_TCP_FIN 0: unchanged
+        &[0x08, 0x00, 0x06, 0x00, 0x2c, 0x01, 0, 0],   // TIMEOUT_UDP 300
+    ]
+    .concat();
+    assert_eq!(set_config_request(FAMILY, &IpvsTimeouts::new(3600, 0, 300), 11), set);
+
+    // The kernel's answer to GET_CONFIG (`ip_vs_genl_get_cmd`): SET_CONFIG with the
+    // three timeouts, then the acknowledgement.
+    let reply = [
+        &[0x2c, 0, 0, 0, 0x25, 0, 0, 0, 10, 0, 0, 0, 0x34, 0x12, 0, 0][..],
+        &[0x0c, 0x01, 0, 0],
+        &[0x08, 0x00, 0x04, 0x00, 0x84, 0x03, 0, 0],   // 900
+        &[0x08, 0x00, 0x05, 0x00, 0x78, 0, 0, 0],      // 120
+        &[0x08, 0x00, 0x06, 0x00, 0x2c, 0x01, 0, 0],   // 300
+        &[0x24, 0, 0, 0, 0x02, 0, 0x00, 0x01, 10, 0, 0, 0, 0x34, 0x12, 0, 0],
+        &[0, 0, 0, 0],
+        &get[..16],                                    // the request's header (NLM_F_CAPPED)
+    ]
+    .concat();
+    let messages = parse_datagram(&reply, FAMILY).unwrap();
+    assert_eq!(messages.len(), 2);
+    let Reply::Ipvs(payload) = &messages[0].reply else {
+        panic!("{messages:?}");
+    };
+    assert_eq!(decode_config(payload), Ok(IpvsTimeouts::KERNEL_DEFAULTS));
+    assert_eq!(messages[1].reply, Reply::Ack);
+
+    // Without UDP built in, the kernel leaves IPVS_CMD_ATTR_TIMEOUT_UDP out: 0.
+    let mut no_udp = reply[..36].to_vec();
+    no_udp[0] = 0x24;
+    let messages = parse_datagram(&no_udp, FAMILY).unwrap();
+    let Reply::Ipvs(payload) = &messages[0].reply else {
+        panic!("{messages:?}");
+    };
+    assert_eq!(decode_config(payload), Ok(IpvsTimeouts::new(900, 120, 0)));
+    // Another command, or a short value, is refused.
+    let info = IpvsPayload { cmd: CMD_SET_INFO, attrs: Vec::new() };
+    assert!(decode_config(&info).is_err());
+    let short = IpvsPayload {
+        cmd: CMD_SET_CONFIG,
+        attrs: vec![DefaultNla::new(CMD_ATTR_TIMEOUT_TCP, vec![1, 2])],
+    };
+    assert!(decode_config(&short).unwrap_err().contains("TIMEOUT_TCP"));
 }
 
 #[test]
@@ -413,7 +469,7 @@ fn broken_framing_is_an_error() {
 }
 
 /// Every decoder run over one datagram; results are dropped: only panics matter.
-fn decode_everything(bytes: &[u8]) {
+pub(super) fn decode_everything(bytes: &[u8]) {
     let addr: IpAddr = "10.0.0.1".parse().unwrap();
     if let Ok(messages) = parse_datagram(bytes, FAMILY) {
         for m in messages {
@@ -422,6 +478,7 @@ fn decode_everything(bytes: &[u8]) {
                     let _ = decode_service(&p);
                     let _ = decode_dest(&p, &addr);
                     let _ = decode_info(&p);
+                    let _ = decode_config(&p);
                 }
                 Reply::Ctrl(p) => {
                     let _ = decode_family_id(&p);
