@@ -423,16 +423,16 @@ pub struct CompatArgs {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
     pub ipvs_strict_arp: bool,
 
-    /// IPVS mode: idle TCP timeout.
-    #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
+    /// IPVS mode: idle timeout of established TCP connections (0: the kernel's, 900 s).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub ipvs_tcp_timeout: Duration,
 
-    /// IPVS mode: TCP FIN timeout.
-    #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
+    /// IPVS mode: timeout of TCP connections after a FIN (0: the kernel's, 120 s).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub ipvs_tcpfin_timeout: Duration,
 
-    /// IPVS mode: UDP timeout.
-    #[arg(long, default_value = "0s", value_parser = parse_duration, hide = true)]
+    /// IPVS mode: UDP flow timeout (0: the kernel's, 300 s).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
     pub ipvs_udp_timeout: Duration,
 
     /// Log format: `text` (the only one here) or `json` (accepted, logs stay text).
@@ -521,9 +521,6 @@ impl CompatArgs {
             "--show-hidden-metrics-for-version",
         ),
         ("proxy_port_range", "--proxy-port-range"),
-        ("ipvs_tcp_timeout", "--ipvs-tcp-timeout"),
-        ("ipvs_tcpfin_timeout", "--ipvs-tcpfin-timeout"),
-        ("ipvs_udp_timeout", "--ipvs-udp-timeout"),
         ("logging_format", "--logging-format"),
         ("log_flush_frequency", "--log-flush-frequency"),
         ("vmodule", "--vmodule"),

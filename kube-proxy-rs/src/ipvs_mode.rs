@@ -60,7 +60,27 @@ pub fn ipvs_config(args: &ProxyArgs, local_detector: LocalDetector) -> anyhow::R
         exclude_cidrs,
         strict_arp: args.compat.ipvs_strict_arp,
         graceful_termination_bound: GRACEFUL_TERMINATION_BOUND,
+        timeouts: timeouts(args)?,
     })
+}
+
+/// `--ipvs-tcp-timeout`, `--ipvs-tcpfin-timeout`, `--ipvs-udp-timeout` as whole seconds;
+/// `None` when all are 0 (the kernel's values stay).
+fn timeouts(args: &ProxyArgs) -> anyhow::Result<Option<kp_netlink::ipvs::IpvsTimeouts>> {
+    let secs = |flag: &str, d: Duration| -> anyhow::Result<u32> {
+        let s = d.as_secs();
+        if s > u64::from(kp_netlink::ipvs::TIMEOUT_MAX) {
+            bail!("{flag} {d:?} is longer than the kernel accepts");
+        }
+        Ok(s as u32)
+    };
+    let c = &args.compat;
+    let t = kp_netlink::ipvs::IpvsTimeouts::new(
+        secs("--ipvs-tcp-timeout", c.ipvs_tcp_timeout)?,
+        secs("--ipvs-tcpfin-timeout", c.ipvs_tcpfin_timeout)?,
+        secs("--ipvs-udp-timeout", c.ipvs_udp_timeout)?,
+    );
+    Ok((t.tcp > 0 || t.tcp_fin > 0 || t.udp > 0).then_some(t))
 }
 
 /// What the start-up check found missing for IPVS mode (empty: IPVS mode can run).
@@ -246,6 +266,9 @@ impl IpvsOps for PrintingIpvs {
     }
     fn flush(&mut self) -> kp_netlink::Result<()> {
         self.fake.flush()
+    }
+    fn set_timeouts(&mut self, t: kp_netlink::ipvs::IpvsTimeouts) -> kp_netlink::Result<()> {
+        self.fake.set_timeouts(t)
     }
 }
 

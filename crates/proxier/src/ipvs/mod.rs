@@ -67,6 +67,9 @@ pub struct IpvsConfig {
     /// How long a removed TCP real server may keep connections at weight 0 before it is
     /// deleted anyway (upstream waits without bound; 0 deletes at once).
     pub graceful_termination_bound: Duration,
+    /// `--ipvs-tcp-timeout`, `--ipvs-tcpfin-timeout`, `--ipvs-udp-timeout` in seconds, set at
+    /// start (`ipvsadm --set`); 0 leaves the kernel's value; `None` when all are 0.
+    pub timeouts: Option<kp_netlink::ipvs::IpvsTimeouts>,
 }
 
 impl Default for IpvsConfig {
@@ -80,6 +83,7 @@ impl Default for IpvsConfig {
             exclude_cidrs: Vec::new(),
             strict_arp: false,
             graceful_termination_bound: Duration::from_secs(15 * 60),
+            timeouts: None,
         }
     }
 }
@@ -280,6 +284,17 @@ impl<I: Iptables> IpvsProxier<I> {
         if self.cfg.strict_arp {
             want.push(("net/ipv4/conf/all/arp_ignore", "1"));
             want.push(("net/ipv4/conf/all/arp_announce", "2"));
+        }
+        if let Some(t) = self.cfg.timeouts {
+            match self.ipvs.set_timeouts(t) {
+                Ok(()) => info!(
+                    tcp = t.tcp,
+                    tcpfin = t.tcp_fin,
+                    udp = t.udp,
+                    "set the IPVS timeouts"
+                ),
+                Err(e) => warn!(error = %e, "cannot set the IPVS timeouts"),
+            }
         }
         for (key, value) in want {
             if self.host.get_sysctl(key).as_deref() == Some(value) {

@@ -535,6 +535,17 @@ fn filter_rules(
             set.name(family)
         );
     }
+    // Not upstream: let pings through, so a ClusterIP answers ping as the seeds describe
+    // IPVS mode (upstream's REJECT below has refused them since 1.27, kubernetes/website
+    // #41002). Only echo requests: no host port becomes reachable through a VIP.
+    let _ = writeln!(
+        out,
+        "-A {KUBE_IPVS_FILTER} {} -j RETURN",
+        match family {
+            IpFamily::V4 => "-p icmp -m icmp --icmp-type 8",
+            IpFamily::V6 => "-p ipv6-icmp -m icmp6 --icmpv6-type 128",
+        }
+    );
     let _ = writeln!(
         out,
         "-A {KUBE_IPVS_FILTER} -m conntrack --ctstate NEW -m set --match-set {} dst -j REJECT --reject-with {}",
