@@ -100,9 +100,21 @@ pub struct TraceArgs {
     pub iface: Option<String>,
 
     /// The node's addresses, for `--dst-type LOCAL` (NodePorts) in a dump from another
-    /// node; comma-separated or repeated. With --live they are read from the node.
-    #[arg(long, value_name = "IP", value_delimiter = ',')]
+    /// node (in IPVS mode also kube-ipvs0's, which are taken from the dumps too);
+    /// comma-separated or repeated. With --live they are read from the node.
+    #[arg(
+        long,
+        visible_alias = "local-addresses",
+        value_name = "IP",
+        value_delimiter = ','
+    )]
     pub node_ip: Vec<std::net::IpAddr>,
+
+    /// IPVS mode: the IPVS table as `ipvsadm -Sn` prints it. Traces the --rules dump (and
+    /// --ipsets) as kube-proxy's IPVS mode; with --live (and --mode ipvs or auto) the
+    /// table is read from the node.
+    #[arg(long, value_name = "FILE")]
+    pub ipvs: Option<PathBuf>,
 
     /// `ipset save` output, for `-m set` matches (read automatically with --live).
     #[arg(long, value_name = "FILE")]
@@ -118,8 +130,9 @@ pub struct TraceArgs {
     pub json: bool,
 
     /// Which rules to trace: `auto` (with --live: nftables if the node has kube-proxy's
-    /// table `ip kube-proxy` / `ip6 kube-proxy`, else iptables; with --rules: by the
-    /// dump's format), `iptables` or `nftables`.
+    /// table `ip kube-proxy` / `ip6 kube-proxy`, else IPVS mode if the node has IPVS
+    /// virtual servers, else iptables; with --rules: by the dump's format, IPVS mode with
+    /// --ipvs), `iptables`, `nftables` or `ipvs`.
     #[arg(long, value_enum, default_value = "auto")]
     pub mode: crate::trace::TraceMode,
 }

@@ -12,6 +12,13 @@
 //! iptables mode may keep old KUBE chains — so when it does, `auto` traces nftables (every
 //! nft table, which includes iptables-nft's, whose `xt` matches are reported unknown)
 //! and says that `--mode iptables` traces the iptables rules.
+//!
+//! IPVS mode (`--ipvs FILE`, an `ipvsadm -Sn` dump, or `--mode ipvs`; `auto` with
+//! `--live` when the node has IPVS virtual servers and no kube-proxy nftables table):
+//! the iptables rules, the ipsets and the IPVS table are traced together
+//! ([`kp_trace::trace_ipvs`]). The addresses of the virtual servers and the members of
+//! `KUBE-IPVS-IPS` are kube-ipvs0's (or the node's) addresses, so a dump's trace takes
+//! them as local addresses, with a note.
 
 use std::io::Read as _;
 use std::net::IpAddr;
@@ -24,7 +31,7 @@ use kp_netfilter::{
 };
 use kp_proxier::{Host as _, RealHost};
 use kp_trace::nft::{NftRuleset, looks_like_json, parse_nft_json};
-use kp_trace::{Entry, Host, Packet, render_text, trace, trace_nft};
+use kp_trace::{Entry, Host, IpvsTable, Packet, render_text, trace, trace_ipvs, trace_nft};
 
 use crate::cli::{TraceArgs, TraceFrom, TraceProto};
 
@@ -41,6 +48,9 @@ pub enum TraceMode {
     Iptables,
     /// nftables rules (`nft -j list ruleset`).
     Nftables,
+    /// kube-proxy's IPVS mode: iptables rules, ipsets and the IPVS table (`--ipvs FILE`
+    /// for a dump).
+    Ipvs,
 }
 
 /// The rules to trace.
@@ -165,7 +175,176 @@ fn live_iptables(version: IpVersion) -> anyhow::Result<String> {
         .map_err(|e| anyhow!("reading this node's rules: {e}"))
 }
 
+/// IPVS mode's jumps from the built-in chains, as upstream writes them: (table, chain,
+/// comment, target), each prepended, so the last listed per chain ends up first.
+pub const IPVS_JUMPS: &[(&str, &str, &str, &str)] = &[
+    (
+        "nat",
+        "OUTPUT",
+        "kubernetes service portals",
+        "KUBE-SERVICES",
+    ),
+    (
+        "nat",
+        "PREROUTING",
+        "kubernetes service portals",
+        "KUBE-SERVICES",
+    ),
+    (
+        "nat",
+        "POSTROUTING",
+        "kubernetes postrouting rules",
+        "KUBE-POSTROUTING",
+    ),
+    (
+        "filter",
+        "FORWARD",
+        "kubernetes forwarding rules",
+        "KUBE-FORWARD",
+    ),
+    (
+        "filter",
+        "INPUT",
+        "kubernetes health check rules",
+        "KUBE-NODE-PORT",
+    ),
+    (
+        "filter",
+        "INPUT",
+        "kube-proxy firewall rules",
+        "KUBE-PROXY-FIREWALL",
+    ),
+    (
+        "filter",
+        "FORWARD",
+        "kube-proxy firewall rules",
+        "KUBE-PROXY-FIREWALL",
+    ),
+    (
+        "filter",
+        "INPUT",
+        "kubernetes ipvs access filter",
+        "KUBE-IPVS-FILTER",
+    ),
+    (
+        "filter",
+        "OUTPUT",
+        "kubernetes ipvs access filter",
+        "KUBE-IPVS-OUT-FILTER",
+    ),
+];
+
+/// IPVS mode's jumps from the built-in chains that iptables mode does not have (the
+/// others are completed by [`complete_kube_proxy_jumps`]): added to a dump that has the
+/// chain but not the jump, in upstream's order, with a note each.
+fn complete_ipvs_jumps(rules: &mut Ruleset) -> Vec<String> {
+    use kp_netfilter::Table;
+    let mut notes = Vec::new();
+    // JUMPS lists them in prepend order: the last one per chain ends up first.
+    for (table, chain, comment, target) in IPVS_JUMPS.iter().rev() {
+        let t = match *table {
+            "nat" => Table::Nat,
+            _ => Table::Filter,
+        };
+        let Some(tbl) = rules.tables.get_mut(&t) else {
+            continue;
+        };
+        if !tbl.chains.contains_key(*target) {
+            continue;
+        }
+        let line = format!("-A {chain} -m comment --comment \"{comment}\" -j {target}");
+        let has = tbl
+            .chains
+            .get(*chain)
+            .is_some_and(|c| c.rules.iter().any(|r| r.jump_chain() == Some(*target)));
+        if has {
+            continue;
+        }
+        let doc = format!("*{table}\n:{chain} ACCEPT [0:0]\n:{target} - [0:0]\n{line}\nCOMMIT\n");
+        let Ok(parsed) = parse_save(&doc) else {
+            continue;
+        };
+        let Some(rule) = parsed
+            .chain(t, chain)
+            .and_then(|c| c.rules.first())
+            .cloned()
+        else {
+            continue;
+        };
+        let builtin = tbl
+            .chains
+            .entry((*chain).to_string())
+            .or_insert_with(|| parsed.chain(t, chain).cloned().unwrap_or_default());
+        let n_ours = builtin
+            .rules
+            .iter()
+            .take_while(|r| r.jump_chain().is_some_and(|c| c.starts_with("KUBE-")))
+            .count();
+        builtin.rules.insert(n_ours.min(builtin.rules.len()), rule);
+        notes.push(format!(
+            "assumed kube-proxy's jump {table} {chain}: {line}, which the dump does not contain \
+             (it has the chain the jump leads to; kube-proxy's IPVS mode installs this jump)"
+        ));
+    }
+    notes
+}
+
+/// The IPVS table: `--ipvs FILE`, or this node's (`--live`).
+fn load_ipvs(args: &TraceArgs, live_auto: bool) -> anyhow::Result<Option<IpvsTable>> {
+    if let Some(path) = &args.ipvs {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        return IpvsTable::parse(&text)
+            .map(Some)
+            .map_err(|e| anyhow!("{}: {e}", path.display()));
+    }
+    if !args.live {
+        if args.mode == TraceMode::Ipvs {
+            bail!(
+                "--mode ipvs with a dump needs the IPVS table: pass --ipvs FILE (`ipvsadm -Sn` output)"
+            );
+        }
+        return Ok(None);
+    }
+    if args.mode != TraceMode::Ipvs && !live_auto {
+        return Ok(None);
+    }
+    let dumped =
+        kp_netlink::ipvs::Ipvs::new().and_then(|mut ipvs| kp_netlink::ipvs::dump_all(&mut ipvs));
+    match dumped {
+        Ok(services) if !services.is_empty() || args.mode == TraceMode::Ipvs => {
+            Ok(Some(IpvsTable::from_dump(services)))
+        }
+        Ok(_) => Ok(None),
+        Err(e) if args.mode == TraceMode::Ipvs => {
+            bail!("reading this node's IPVS table: {e}")
+        }
+        Err(_) => Ok(None),
+    }
+}
+
 fn load_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<Rules> {
+    if args.mode == TraceMode::Ipvs || args.ipvs.is_some() {
+        if args.mode == TraceMode::Nftables {
+            bail!("--ipvs is IPVS mode, which traces iptables rules: drop --mode nftables");
+        }
+        if args.live {
+            return parse_iptables(live_iptables(version)?, false);
+        }
+        let text = read_dump(args)?;
+        if looks_like_json(&text) {
+            bail!(
+                "IPVS mode needs the node's iptables rules (`iptables-save`), but the rules \
+                 are JSON"
+            );
+        }
+        // IPVS mode's jumps, not iptables mode's.
+        let mut rules = parse_iptables(text, false)?;
+        if let Rules::Iptables(r, _, notes) = &mut rules {
+            notes.extend(complete_ipvs_jumps(r));
+        }
+        return Ok(rules);
+    }
     if !args.live {
         let text = read_dump(args)?;
         return match (looks_like_json(&text), args.mode) {
@@ -185,7 +364,7 @@ fn load_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<Rules> {
         };
     }
     match args.mode {
-        TraceMode::Iptables => parse_iptables(live_iptables(version)?, false),
+        TraceMode::Iptables | TraceMode::Ipvs => parse_iptables(live_iptables(version)?, false),
         TraceMode::Nftables => Ok(Rules::Nftables(live_nft()?)),
         TraceMode::Auto => match live_nft() {
             Ok(nft) if nft.has_kube_proxy() => {
@@ -215,6 +394,17 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     };
     let rules = load_rules(&args, version)?;
     let nft = matches!(rules, Rules::Nftables(_));
+    let ipvs = if nft {
+        None
+    } else {
+        load_ipvs(&args, args.mode == TraceMode::Auto)?
+    };
+    if ipvs.is_some() && args.live && args.mode == TraceMode::Auto {
+        eprintln!(
+            "note: tracing IPVS mode (this node has IPVS virtual servers); --mode iptables \
+             traces its iptables rules alone"
+        );
+    }
 
     let mut local: Vec<IpAddr> = args.node_ip.clone();
     if args.live {
@@ -257,6 +447,60 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     if let Some(text) = ipsets {
         host.load_ipset_save(&text)
             .map_err(|e| anyhow!("ipsets: {e}"))?;
+    }
+    let mut ipvs_notes = Vec::new();
+    if let Some(table) = &ipvs {
+        if ipsets_missing(&host) {
+            ipvs_notes.push(
+                "IPVS mode without the ipsets (pass --ipsets FILE, `ipset save` output): \
+                 the rules' -m set matches are unknown"
+                    .to_string(),
+            );
+        }
+        if !args.live {
+            // kube-proxy binds every Service IP to kube-ipvs0 (KUBE-IPVS-IPS lists them),
+            // and a NodePort's virtual servers use node addresses.
+            let mut assumed: Vec<IpAddr> = Vec::new();
+            let mut consider = |ip: IpAddr, host: &mut Host| {
+                if !host.is_local(ip) {
+                    host.local_addrs.push(ip);
+                    assumed.push(ip);
+                }
+            };
+            for ip in table.addresses() {
+                consider(ip, &mut host);
+            }
+            for name in ["KUBE-IPVS-IPS", "KUBE-6-IPVS-IPS"] {
+                let members: Vec<IpAddr> = host
+                    .ipsets
+                    .get(name)
+                    .map(|s| {
+                        s.members
+                            .iter()
+                            .filter(|m| {
+                                m.nets.len() == 1
+                                    && !m.nomatch
+                                    && m.nets[0] == kp_netfilter::Cidr::host(m.nets[0].addr())
+                            })
+                            .map(|m| m.nets[0].addr())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for ip in members {
+                    consider(ip, &mut host);
+                }
+            }
+            if !assumed.is_empty() {
+                let list: Vec<String> = assumed.iter().map(ToString::to_string).collect();
+                ipvs_notes.push(format!(
+                    "took {} as local addresses of the node: they are IPVS virtual server \
+                     addresses or in KUBE-IPVS-IPS (kube-proxy binds Service IPs to \
+                     kube-ipvs0)",
+                    list.join(", ")
+                ));
+            }
+            host.local_addrs_incomplete = args.node_ip.is_empty();
+        }
     }
 
     let same_family = |ip: &IpAddr| ip.is_ipv4() == args.dst.is_ipv4();
@@ -327,11 +571,13 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
             p
         }
     };
-    let mut result = match &rules {
-        Rules::Iptables(r, _, _) => trace(r, &host, &packet),
-        Rules::Nftables(r) => trace_nft(r, &host, &packet),
+    let mut result = match (&rules, &ipvs) {
+        (Rules::Iptables(r, _, _), Some(t)) => trace_ipvs(r, t, &host, &packet),
+        (Rules::Iptables(r, _, _), None) => trace(r, &host, &packet),
+        (Rules::Nftables(r), _) => trace_nft(r, &host, &packet),
     }
     .map_err(|e| anyhow!("{e}"))?;
+    result.notes.splice(0..0, ipvs_notes);
     if let Rules::Iptables(_, _, notes) = &rules {
         result.notes.splice(0..0, notes.iter().cloned());
     }
@@ -345,4 +591,12 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Whether none of IPVS mode's ipsets was given.
+fn ipsets_missing(host: &Host) -> bool {
+    !host
+        .ipsets
+        .keys()
+        .any(|n| n.starts_with("KUBE-") && n.ends_with("CLUSTER-IP"))
 }

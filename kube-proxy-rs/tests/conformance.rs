@@ -1,6 +1,9 @@
 //! The packet-flow conformance table (`kp_testkit::conformance`) run through the tracer
 //! against the rules each mode renders. No kernel needed: rules go through the checking fake
 //! and come back as an `iptables-save` text, exactly what the tracer reads from a live node.
+//! IPVS mode's desired state (iptables rules, ipsets, virtual servers, kube-ipvs0's
+//! addresses) is rendered and written out as `iptables-save`, `ipset save` and
+//! `ipvsadm -Sn` text, the three dumps the tracer reads in IPVS mode.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -174,6 +177,24 @@ fn check(expect: &Expect, t: &Trace) -> Result<(), String> {
 enum Rules {
     Iptables(kp_netfilter::Ruleset),
     Nftables(kp_trace::nft::NftRuleset),
+    /// IPVS mode: the iptables rules, the IPVS table, the `ipset save` text and the
+    /// addresses bound to kube-ipvs0.
+    Ipvs(
+        kp_netfilter::Ruleset,
+        kp_trace::IpvsTable,
+        String,
+        Vec<std::net::IpAddr>,
+    ),
+}
+
+impl Rules {
+    fn trace(&self, host: &kp_trace::Host, pkt: &Packet) -> Result<Trace, kp_trace::TraceError> {
+        match self {
+            Rules::Iptables(r) => trace(r, host, pkt),
+            Rules::Nftables(r) => kp_trace::trace_nft(r, host, pkt),
+            Rules::Ipvs(r, t, _, _) => kp_trace::trace_ipvs(r, t, host, pkt),
+        }
+    }
 }
 
 /// Runs every row of every scenario against `rules_for(scenario, family)`; `mode` picks the
@@ -190,29 +211,32 @@ fn run_table(mode: &str, mut rules_for: impl FnMut(&Scenario, IpFamily) -> (Rule
             let (rules, route_localnet) = &by_family[&IpFamily::of(&row.dst)];
             let mut host = kp_trace::Host::new(scn.local_addrs.clone());
             host.route_localnet = *route_localnet;
+            let mut pkt = packet(row);
+            if let Rules::Ipvs(_, _, sets, bound) = rules {
+                host.load_ipset_save(sets).unwrap();
+                host.local_addrs.extend(bound.iter().copied());
+                // The table's pods sit on routed veths (and external clients on eth0),
+                // not bridge ports, except behind the pod bridge.
+                pkt.bridged =
+                    Some(matches!(&row.from, From::Pod { iface } if *iface == POD_BRIDGE));
+            }
             let expect = row
                 .exceptions
                 .iter()
                 .find(|(m, _, _)| *m == mode)
                 .map(|(_, e, _)| e)
                 .unwrap_or(&row.expect);
-            let pkt = packet(row);
-            let traced = match rules {
-                Rules::Iptables(r) => trace(r, &host, &pkt),
-                Rules::Nftables(r) => kp_trace::trace_nft(r, &host, &pkt),
-            };
+            let traced = rules.trace(&host, &pkt);
             match traced
                 .map_err(|e| e.to_string())
                 .and_then(|t| check(expect, &t).map(|()| t))
             {
                 Ok(_) => passed += 1,
                 Err(e) => {
-                    let text = match rules {
-                        Rules::Iptables(r) => trace(r, &host, &pkt),
-                        Rules::Nftables(r) => kp_trace::trace_nft(r, &host, &pkt),
-                    }
-                    .map(|t| kp_trace::render_text(&t, &pkt))
-                    .unwrap_or_default();
+                    let text = rules
+                        .trace(&host, &pkt)
+                        .map(|t| kp_trace::render_text(&t, &pkt))
+                        .unwrap_or_default();
                     failures.push(format!("[{}] {}: {e}\n{text}", scn.name, row.name));
                 }
             }
@@ -287,4 +311,201 @@ fn conformance_table_nftables_mode() {
             false,
         )
     });
+}
+
+/// IPVS mode's jumps from the built-in chains (table, chain, comment, target), as upstream
+/// writes them: each prepended, so the last listed per chain ends up first.
+const IPVS_JUMPS: &[(&str, &str, &str, &str)] = &[
+    (
+        "nat",
+        "OUTPUT",
+        "kubernetes service portals",
+        "KUBE-SERVICES",
+    ),
+    (
+        "nat",
+        "PREROUTING",
+        "kubernetes service portals",
+        "KUBE-SERVICES",
+    ),
+    (
+        "nat",
+        "POSTROUTING",
+        "kubernetes postrouting rules",
+        "KUBE-POSTROUTING",
+    ),
+    (
+        "filter",
+        "FORWARD",
+        "kubernetes forwarding rules",
+        "KUBE-FORWARD",
+    ),
+    (
+        "filter",
+        "INPUT",
+        "kubernetes health check rules",
+        "KUBE-NODE-PORT",
+    ),
+    (
+        "filter",
+        "INPUT",
+        "kube-proxy firewall rules",
+        "KUBE-PROXY-FIREWALL",
+    ),
+    (
+        "filter",
+        "FORWARD",
+        "kube-proxy firewall rules",
+        "KUBE-PROXY-FIREWALL",
+    ),
+    (
+        "filter",
+        "INPUT",
+        "kubernetes ipvs access filter",
+        "KUBE-IPVS-FILTER",
+    ),
+    (
+        "filter",
+        "OUTPUT",
+        "kubernetes ipvs access filter",
+        "KUBE-IPVS-OUT-FILTER",
+    ),
+];
+
+/// One table of IPVS mode as `iptables-save` prints it: built-in chains, kube-proxy's
+/// chains, the jumps, the rendered rules.
+fn ipvs_table_text(table: &str, builtins: &[&str], chains: &[&str], rules: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!("*{table}\n");
+    for c in builtins {
+        let _ = writeln!(out, ":{c} ACCEPT [0:0]");
+    }
+    for c in chains {
+        let _ = writeln!(out, ":{c} - [0:0]");
+    }
+    for c in builtins {
+        for (_, chain, comment, target) in IPVS_JUMPS
+            .iter()
+            .rev()
+            .filter(|j| j.0 == table && j.1 == *c)
+        {
+            let _ = writeln!(
+                out,
+                "-A {chain} -m comment --comment \"{comment}\" -j {target}"
+            );
+        }
+    }
+    out.push_str(rules);
+    out.push_str("COMMIT\n");
+    out
+}
+
+/// IPVS mode's dumps for `scn` in `family`, rendered by `kp_proxier::ipvs::render`.
+fn ipvs_rules(scn: &Scenario, family: IpFamily) -> Rules {
+    use kp_netlink::ipvs::{RealServer, ServiceKey, VirtualServer, parse_save_text, save_text};
+    use kp_proxier::ipvs::names::{FILTER_CHAINS, KubeSet, NAT_CHAINS, SetType};
+    use kp_proxier::ipvs::render::{RenderConfig, proto_number, render};
+    let snap = snapshot_with_node(
+        family,
+        NODE,
+        Some(scn.node.clone()),
+        scn.services.clone(),
+        scn.slices.clone(),
+    );
+    let s = &scn.settings;
+    let in_family: Vec<std::net::IpAddr> = scn
+        .local_addrs
+        .iter()
+        .copied()
+        .filter(|ip| family.contains(ip))
+        .collect();
+    let node_ip = in_family.iter().copied().find(|ip| !ip.is_loopback());
+    // NodePorts: the node's non-loopback addresses --nodeport-addresses selects.
+    let npa = NodePortAddresses::parse(&s.nodeport_addresses).unwrap();
+    let nodeport_ips: Vec<std::net::IpAddr> = if npa.match_all(family) {
+        in_family.clone()
+    } else {
+        npa.node_ips(family, &in_family, &node_ip.into_iter().collect::<Vec<_>>())
+    }
+    .into_iter()
+    .filter(|ip| !ip.is_loopback())
+    .collect();
+    let cfg = RenderConfig {
+        masquerade_all: s.masquerade_all,
+        local: local_detector(s).for_family(family, &scn.node.pod_cidrs),
+        nodeport_ips,
+        other_addresses: scn.local_addrs.iter().copied().collect(),
+        node_ip,
+        ..RenderConfig::default()
+    };
+    let r = render(&snap, &cfg);
+    let iptables = format!(
+        "{}{}",
+        ipvs_table_text(
+            "filter",
+            &["INPUT", "FORWARD", "OUTPUT"],
+            FILTER_CHAINS,
+            &r.filter_rules
+        ),
+        ipvs_table_text(
+            "nat",
+            &["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"],
+            NAT_CHAINS,
+            &r.nat_rules
+        ),
+    );
+    let mut sets = String::new();
+    for (set, entries) in &r.sets {
+        let name = set.name(family);
+        let ty = set.set_type();
+        let fam = match family {
+            IpFamily::V4 => "inet",
+            IpFamily::V6 => "inet6",
+        };
+        match ty {
+            SetType::BitmapPort => {
+                sets.push_str(&format!("create {name} bitmap:port range 0-65535\n"))
+            }
+            _ => sets.push_str(&format!(
+                "create {name} {} family {fam} hashsize 1024 maxelem 65536\n",
+                ty.as_str()
+            )),
+        }
+        for e in entries {
+            sets.push_str(&format!("add {name} {e}\n"));
+        }
+    }
+    let _ = KubeSet::ALL;
+    let services: Vec<(VirtualServer, Vec<RealServer>)> = r
+        .virtual_servers
+        .iter()
+        .map(|(k, spec)| {
+            let key = ServiceKey::new(k.addr, proto_number(k.protocol), k.port);
+            let mut vs = VirtualServer::new(key, &cfg.scheduler);
+            if let Some(t) = spec.persistent_timeout {
+                vs = vs.persistent(t);
+            }
+            let reals = spec
+                .real_servers
+                .iter()
+                .map(|a| RealServer::new(a.ip(), a.port(), 1))
+                .collect();
+            (vs, reals)
+        })
+        .collect();
+    // Through the text forms, as the tracer reads them from a node.
+    let ipvsadm = save_text(&services);
+    assert_eq!(parse_save_text(&ipvsadm).unwrap().len(), services.len());
+    Rules::Ipvs(
+        parse_save(&iptables).unwrap_or_else(|e| panic!("{e}\n{iptables}")),
+        kp_trace::IpvsTable::parse(&ipvsadm).unwrap(),
+        sets,
+        r.bind_addrs.iter().copied().collect(),
+    )
+}
+
+/// IPVS mode: the render's iptables rules, ipsets and virtual servers traced together.
+#[test]
+fn conformance_table_ipvs_mode() {
+    run_table("ipvs", |scn, family| (ipvs_rules(scn, family), false));
 }

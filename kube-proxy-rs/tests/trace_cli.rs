@@ -859,3 +859,240 @@ fn nft_text_dump_is_named_and_json_asked_for() {
         assert!(!err.contains("outside of a table"), "{mode}: {err}");
     }
 }
+
+/// IPVS-mode dumps: `iptables-save`, `ipset save` and `ipvsadm -Sn` text.
+fn ipvs_dump(dir: &str, file: &str) -> String {
+    format!("{}/tests/data/{dir}/{file}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `trace --rules R --ipsets S --ipvs V` for the dumps in `dir`, plus `extra` flags.
+fn ipvs_trace(dir: &str, extra: &[&str]) -> (bool, String, String) {
+    let (r, s, v) = (
+        ipvs_dump(dir, "iptables-save.txt"),
+        ipvs_dump(dir, "ipset-save.txt"),
+        ipvs_dump(dir, "ipvsadm-Sn.txt"),
+    );
+    let mut args = vec![
+        "trace",
+        "--rules",
+        &r,
+        "--ipsets",
+        &s,
+        "--ipvs",
+        &v,
+        "--node-ip",
+        "192.168.56.10",
+    ];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+#[test]
+fn ipvs_mode_on_our_dump() {
+    let pod = ["--from", "pod", "--src", "10.0.0.9"];
+    let (ok, out, err) = ipvs_trace(
+        "ipvs-ours",
+        &[&pod[..], &["--dst", "10.96.138.71", "--dport", "8080"]].concat(),
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(
+            "50.0%  -> IPVS TCP 10.96.138.71:8080  DNAT 10.0.0.4:80  forwarded, not masqueraded"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("50.0%  -> IPVS TCP 10.96.138.71:8080  DNAT 10.0.1.2:80"),
+        "{out}"
+    );
+    assert!(
+        out.contains("IPVS virtual server TCP 10.96.138.71:8080 (rr) at LOCAL_IN → 10.0.0.4:80 (1/2), 10.0.1.2:80 (1/2)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("took 10.96.138.71 as local addresses"),
+        "{out}"
+    );
+
+    // Hairpin: the local endpoint reaching itself is masqueraded (KUBE-LOOP-BACK).
+    let (ok, out, _) = ipvs_trace(
+        "ipvs-ours",
+        &[
+            "--from",
+            "pod",
+            "--src",
+            "10.0.0.4",
+            "--dst",
+            "10.96.138.71",
+            "--dport",
+            "8080",
+        ],
+    );
+    assert!(ok);
+    assert!(
+        out.contains("DNAT 10.0.0.4:80  forwarded, masqueraded"),
+        "{out}"
+    );
+
+    // A port no Service uses: KUBE-IPVS-FILTER rejects it.
+    let (ok, out, _) = ipvs_trace(
+        "ipvs-ours",
+        &[&pod[..], &["--dst", "10.96.138.71", "--dport", "22"]].concat(),
+    );
+    assert!(ok);
+    assert!(
+        out.contains("rejected") && out.contains("KUBE-IPVS-FILTER"),
+        "{out}"
+    );
+
+    // JSON says which mode.
+    let (ok, out, _) = ipvs_trace(
+        "ipvs-ours",
+        &["--dst", "10.96.138.71", "--dport", "8080", "--json"],
+    );
+    assert!(ok);
+    assert!(out.contains("\"mode\": \"Ipvs\""), "{out}");
+}
+
+#[test]
+fn ipvs_mode_on_an_upstream_dump() {
+    // From outside: marked by KUBE-MARK-MASQ in nat PREROUTING, masqueraded after IPVS.
+    let (ok, out, err) = ipvs_trace(
+        "ipvs-upstream",
+        &["--dst", "10.96.138.71", "--dport", "8080"],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("50.0%  -> IPVS TCP 10.96.138.71:8080  DNAT 10.0.1.2:80  forwarded, masqueraded, filter ACCEPT"),
+        "{out}"
+    );
+    // The dump has all of IPVS mode's jumps: none is assumed (iptables mode's are not).
+    assert!(!out.contains("assumed kube-proxy's jump"), "{out}");
+
+    // NodePort from the node itself: scheduled at LOCAL_OUT, sent out, masqueraded.
+    let (ok, out, _) = ipvs_trace(
+        "ipvs-upstream",
+        &[
+            "--from",
+            "node",
+            "--dst",
+            "192.168.56.10",
+            "--dport",
+            "30080",
+        ],
+    );
+    assert!(ok);
+    assert!(
+        out.contains("-> IPVS TCP 192.168.56.10:30080  DNAT 10.0.0.4:80  sent out, masqueraded"),
+        "{out}"
+    );
+
+    // A Service without endpoints: IPVS answers ICMP port unreachable (ip_vs_leave).
+    let (ok, out, _) = ipvs_trace("ipvs-upstream", &["--dst", "10.96.0.50", "--dport", "80"]);
+    assert!(ok);
+    assert!(
+        out.contains("rejected, not masqueraded, REJECT icmp-port-unreachable by IPVS TCP 10.96.0.50:80 (no real server)"),
+        "{out}"
+    );
+
+    // A real server on the node (the API server): delivered locally after IPVS.
+    let (ok, out, _) = ipvs_trace(
+        "ipvs-upstream",
+        &[
+            "--from",
+            "pod",
+            "--src",
+            "10.0.0.9",
+            "--dst",
+            "10.96.0.1",
+            "--dport",
+            "443",
+        ],
+    );
+    assert!(ok);
+    assert!(
+        out.contains("DNAT 192.168.56.10:6443  delivered locally"),
+        "{out}"
+    );
+
+    // The seeds' question: the ClusterIP is on kube-ipvs0, so the ping reaches the node,
+    // and upstream's KUBE-IPVS-FILTER rejects it.
+    let (ok, out, _) = ipvs_trace(
+        "ipvs-upstream",
+        &[
+            "--from",
+            "pod",
+            "--src",
+            "10.0.0.9",
+            "--dst",
+            "10.96.138.71",
+            "--proto",
+            "icmp",
+        ],
+    );
+    assert!(ok);
+    assert!(
+        out.contains("rejected") && out.contains("kube-ipvs0"),
+        "{out}"
+    );
+}
+
+#[test]
+fn ipvs_mode_ping_without_the_ipvs_filter_is_answered() {
+    // An older upstream dump (before KUBE-IPVS-FILTER): the node answers the ping.
+    let dir = std::env::temp_dir().join(format!("kp-trace-ipvs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rules = std::fs::read_to_string(ipvs_dump("ipvs-upstream", "iptables-save.txt"))
+        .unwrap()
+        .lines()
+        .filter(|l| !l.contains("KUBE-IPVS-FILTER"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let path = dir.join("iptables-save.txt");
+    std::fs::write(&path, rules + "\n").unwrap();
+    let (s, v) = (
+        ipvs_dump("ipvs-upstream", "ipset-save.txt"),
+        ipvs_dump("ipvs-upstream", "ipvsadm-Sn.txt"),
+    );
+    let (ok, out, err) = run(&[
+        "trace",
+        "--rules",
+        path.to_str().unwrap(),
+        "--ipsets",
+        &s,
+        "--ipvs",
+        &v,
+        "--local-addresses",
+        "192.168.56.10",
+        "--from",
+        "pod",
+        "--src",
+        "10.0.0.9",
+        "--dst",
+        "10.96.138.71",
+        "--proto",
+        "icmp",
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(ok, "{err}");
+    assert!(out.contains("delivered locally"), "{out}");
+    assert!(out.contains("which answers it"), "{out}");
+}
+
+#[test]
+fn ipvs_mode_needs_the_table_for_a_dump() {
+    let r = ipvs_dump("ipvs-ours", "iptables-save.txt");
+    let (ok, _, err) = run(&[
+        "trace",
+        "--rules",
+        &r,
+        "--mode",
+        "ipvs",
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("--ipvs FILE"), "{err}");
+}

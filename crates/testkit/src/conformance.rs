@@ -273,7 +273,126 @@ pub fn scenarios() -> Vec<Scenario> {
         ipv6_and_dual_stack(),
     ];
     out.extend(detect_local_modes());
+    add_ipvs_exceptions(&mut out);
     out
+}
+
+/// Upstream's IPVS mode: kube-ipvs0's KUBE-IPVS-FILTER (kubernetes#72236) rejects a new
+/// connection to a Service IP (bound to kube-ipvs0) on a protocol and port no Service uses.
+const IPVS_FILTER: &str = "IPVS mode binds the Service IP to kube-ipvs0, so the packet is for a local address; upstream's KUBE-IPVS-FILTER rejects a new connection to a kube-ipvs0 address on a protocol/port no ipset lists (kubernetes#72236: host ports must not be reachable through a VIP)";
+
+/// Upstream's IPVS mode uses one virtual server per NodePort / load-balancer IP whose real
+/// servers are the local endpoints under externalTrafficPolicy Local, for every client.
+const IPVS_NO_SHORT_CIRCUIT: &str = "IPVS mode does not short-circuit pod or node traffic to a Local-policy NodePort: the virtual server's real servers are this node's endpoints for every client, and KUBE-NODE-PORT-LOCAL-* returns before KUBE-MARK-MASQ, so it is not masqueraded either";
+
+/// kubernetes PR #97081: with no local endpoint, upstream's IPVS mode falls back to the
+/// cluster-wide endpoints for Local-policy traffic.
+const IPVS_LOCAL_FALLBACK: &str = "IPVS mode falls back to the cluster-wide endpoints when a Local-policy Service has no endpoint on this node (kubernetes PR #97081), instead of dropping; the Local set's RETURN leaves the packet unmarked, so it is not masqueraded (upstream: an external client's reply then comes from the pod address and is discarded)";
+
+/// The rows where upstream's IPVS mode legitimately differs from the table's expectation
+/// (the iptables mode's), each with the reason; see docs/ipvs.md "Differences from
+/// iptables mode".
+fn add_ipvs_exceptions(scenarios: &mut [Scenario]) {
+    let l1_only = || Expect::Backends(vec![(L1, false)]);
+    let r1_kept = || Expect::Backends(vec![(R1, false)]);
+    let table: Vec<(&str, &str, Expect, &'static str)> = vec![
+        (
+            "ClusterIP",
+            "a port the Service does not have",
+            Expect::Reject,
+            IPVS_FILTER,
+        ),
+        (
+            "ClusterIP",
+            "UDP to a TCP-only Service port",
+            Expect::Reject,
+            IPVS_FILTER,
+        ),
+        (
+            "ClusterIP",
+            "ping to a ClusterIP",
+            Expect::Reject,
+            "IPVS mode binds the ClusterIP to kube-ipvs0, so the ping reaches the node (before KUBE-IPVS-FILTER, kube-proxy < 1.27 or so, the node answered it); upstream's KUBE-IPVS-FILTER rejects it as a new connection to a kube-ipvs0 address no set lists: ICMP port unreachable",
+        ),
+        (
+            "NodePort on every local address",
+            "node to 127.0.0.1:NodePort",
+            Expect::Unchanged,
+            "IPVS mode has no localhost NodePorts: upstream creates NodePort virtual servers on the node's non-loopback addresses only, so the packet goes to whatever listens on 127.0.0.1",
+        ),
+        (
+            "externalIPs and LoadBalancer IPs",
+            "external IP on another port",
+            Expect::Reject,
+            IPVS_FILTER,
+        ),
+        (
+            "externalTrafficPolicy: Local",
+            "pod to NodePort: short-circuited",
+            l1_only(),
+            IPVS_NO_SHORT_CIRCUIT,
+        ),
+        (
+            "externalTrafficPolicy: Local",
+            "node to NodePort: all endpoints",
+            l1_only(),
+            IPVS_NO_SHORT_CIRCUIT,
+        ),
+        (
+            "externalTrafficPolicy: Local",
+            "no local endpoint: external traffic dropped",
+            r1_kept(),
+            IPVS_LOCAL_FALLBACK,
+        ),
+        (
+            "externalTrafficPolicy: Local",
+            "no local endpoint: LB IP dropped",
+            r1_kept(),
+            IPVS_LOCAL_FALLBACK,
+        ),
+        (
+            "externalTrafficPolicy: Local",
+            "no local endpoint: node traffic still served",
+            r1_kept(),
+            IPVS_LOCAL_FALLBACK,
+        ),
+        (
+            "internalTrafficPolicy: Local",
+            "no local endpoint: dropped",
+            Expect::Reject,
+            "IPVS mode keeps the ClusterIP's virtual server with no real server (under internalTrafficPolicy Local the cluster-wide list is empty, so PR #97081's fallback has nothing), and IPVS answers ICMP port unreachable (the kernel's ip_vs_leave) instead of dropping",
+        ),
+        (
+            "internalTrafficPolicy: Local",
+            "both policies Local: pod traffic to the NodePort",
+            l1_only(),
+            IPVS_NO_SHORT_CIRCUIT,
+        ),
+        (
+            "internalTrafficPolicy: Local",
+            "both policies Local: node traffic to the NodePort",
+            l1_only(),
+            IPVS_NO_SHORT_CIRCUIT,
+        ),
+        (
+            "--detect-local-mode BridgeInterface",
+            "pod traffic to a Local-policy NodePort",
+            l1_only(),
+            IPVS_NO_SHORT_CIRCUIT,
+        ),
+    ];
+    for (scenario, row, expect, why) in table {
+        let rows: Vec<&mut Row> = scenarios
+            .iter_mut()
+            .filter(|s| s.name == scenario)
+            .flat_map(|s| s.rows.iter_mut())
+            .filter(|r| r.name.starts_with(row))
+            .collect();
+        assert_eq!(rows.len(), 1, "ipvs exception {scenario}: {row}");
+        for r in rows {
+            r.exceptions.push(("ipvs", expect.clone(), why));
+        }
+    }
 }
 
 /// Rows where upstream's nftables mode rejects traffic to a ClusterIP on a port no Service

@@ -398,7 +398,7 @@ impl<'a> Core<'a> {
                 st.routing_drop = true;
                 // The two tracers word this note differently.
                 let packets = match self.mode {
-                    Mode::Iptables => format!("{prep} {addr}"),
+                    Mode::Iptables | Mode::Ipvs => format!("{prep} {addr}"),
                     Mode::Nftables => format!("with {what} {addr}"),
                 };
                 self.note(format!(

@@ -26,9 +26,13 @@ use kp_netfilter::{
 
 use crate::common::{self, Core, Flow, Iface, Path, loop_back_local};
 use crate::host::{Dim, SetValue};
+use crate::ipvs::IpvsTable;
+
+mod ipvs_mode;
 use crate::packet::endpoint;
 use crate::result::{Effect, Mode, Step, Trace, Verdict};
 use crate::{Entry, Host, Packet, Proto, TraceError, TraceOptions};
+use ipvs_mode::ipvs_match;
 
 /// Targets that only log or count: the packet continues as if they were not there.
 const PASSIVE_TARGETS: &[&str] = &["LOG", "NFLOG", "ULOG", "TRACE", "AUDIT"];
@@ -38,6 +42,12 @@ const PASSIVE_TARGETS: &[&str] = &["LOG", "NFLOG", "ULOG", "TRACE", "AUDIT"];
 struct Ext {
     /// `recent --set` lists this packet was added to (`name|side`).
     recent_set: Vec<String>,
+    /// IPVS mode: the virtual server (address, protocol, port) that scheduled the packet
+    /// (the kernel's `skb->ipvs_property` and connection, what `-m ipvs` tests).
+    ipvs: Option<(IpAddr, u8, u16)>,
+    /// IPVS mode: the packet was scheduled at LOCAL_IN to a real server elsewhere and is
+    /// sent out through LOCAL_OUT and POSTROUTING (not through FORWARD).
+    ipvs_out: bool,
 }
 
 /// One branch's view of the packet and its history.
@@ -70,6 +80,8 @@ fn pure(b: bool) -> Pure {
 /// One trace in progress.
 pub(crate) struct Engine<'a> {
     rules: &'a Ruleset,
+    /// IPVS mode: the IPVS table.
+    ipvs: Option<&'a IpvsTable>,
     /// The packet, the host, the notes.
     core: Core<'a>,
 }
@@ -83,6 +95,26 @@ impl<'a> Engine<'a> {
         opts: &TraceOptions,
     ) -> Result<Engine<'a>, TraceError> {
         let core = Core::new(Mode::Iptables, host, packet, opts)?;
+        Engine::checked(rules, None, core)
+    }
+
+    /// Checks the inputs and prepares an IPVS-mode trace.
+    pub(crate) fn new_ipvs(
+        rules: &'a Ruleset,
+        ipvs: &'a IpvsTable,
+        host: &'a Host,
+        packet: &'a Packet,
+        opts: &TraceOptions,
+    ) -> Result<Engine<'a>, TraceError> {
+        let core = Core::new(Mode::Ipvs, host, packet, opts)?;
+        Engine::checked(rules, Some(ipvs), core)
+    }
+
+    fn checked(
+        rules: &'a Ruleset,
+        ipvs: Option<&'a IpvsTable>,
+        core: Core<'a>,
+    ) -> Result<Engine<'a>, TraceError> {
         if let Some(only) = single_family(rules)
             && only != core.version
         {
@@ -91,13 +123,16 @@ impl<'a> Engine<'a> {
                 ruleset: only,
             });
         }
-        Ok(Engine { rules, core })
+        Ok(Engine { rules, ipvs, core })
     }
 
     /// Runs the trace.
     pub(crate) fn run(mut self) -> Result<Trace, TraceError> {
         use Table::{Filter, Mangle, Nat, Raw, Security};
         let p = self.core.packet;
+        if self.ipvs.is_some() {
+            return self.run_ipvs();
+        }
         for t in [Filter, Nat] {
             if !self.rules.tables.contains_key(&t) {
                 self.core.note(format!(
@@ -153,10 +188,22 @@ impl<'a> Engine<'a> {
         tables: &[Table],
         path: Option<Path>,
     ) -> Result<(), TraceError> {
+        self.hook_where(states, hook, tables, |st| path.is_none() || st.path == path)
+    }
+
+    /// Runs `hook` of each table in `tables` (in order) for every live state `which`
+    /// selects.
+    fn hook_where(
+        &mut self,
+        states: &mut Vec<State>,
+        hook: &str,
+        tables: &[Table],
+        which: impl Fn(&State) -> bool,
+    ) -> Result<(), TraceError> {
         for &table in tables {
             let mut next = Vec::with_capacity(states.len());
             for st in states.drain(..) {
-                if !st.live() || (path.is_some() && st.path != path) {
+                if !st.live() || !which(&st) {
                     next.push(st);
                 } else {
                     next.extend(self.run_builtin(table, hook, st)?);
@@ -638,8 +685,9 @@ impl<'a> Engine<'a> {
                 }
             }
             Match::Set(s) => self.set_match(s, st),
-            Match::Physdev(_) => {
-                Pure::Unknown("physdev (bridge port) information is not modelled".into())
+            Match::Physdev(pd) => self.physdev(pd),
+            Match::Unknown { module, args } if module == "ipvs" && self.ipvs.is_some() => {
+                ipvs_match(args, st)
             }
             Match::Unknown { module, .. } => Pure::Unknown(format!(
                 "match `-m {module}` (or its options) not understood"

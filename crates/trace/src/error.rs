@@ -59,6 +59,14 @@ pub enum TraceError {
         /// What is wrong.
         message: String,
     },
+    /// An `ipvsadm -Sn` dump could not be read.
+    #[error("ipvsadm -Sn input, line {line}: {message}")]
+    IpvsSave {
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
     /// An `nft -j list ruleset` document could not be read: not JSON, or not the
     /// libnftables schema (an object with an `nftables` array of objects).
     #[error("nftables JSON: {0}")]

@@ -93,6 +93,12 @@ pub struct Packet {
     /// not modelled, so without this hint `-o` is unknown for packets that leave the
     /// node; packets delivered locally from the node itself leave by `lo`.
     pub out_iface: Option<String>,
+    /// Whether the packet entered through a bridge port, as br_netfilter's `physdev`
+    /// information tells (`-m physdev --physdev-is-in`). `None` (the default): not known,
+    /// so `physdev` matches are unknown, except for packets from the node itself, which
+    /// never carry bridge information. `Some(false)`: routed in (every un-negated
+    /// `physdev` option is false, every negated one true, as in the kernel).
+    pub bridged: Option<bool>,
 }
 
 impl Packet {
@@ -116,6 +122,7 @@ impl Packet {
             dport: None,
             entry,
             out_iface: None,
+            bridged: None,
         }
     }
 
@@ -135,6 +142,7 @@ impl Packet {
             dport: Some(dport),
             entry,
             out_iface: None,
+            bridged: None,
         }
     }
 

@@ -20,6 +20,12 @@ use crate::{Entry, Packet};
 ///    50.0%  -> KUBE-SEP-GS5MQAG4332XHLUZ  DNAT 10.0.0.4:80  forwarded, masqueraded, filter ACCEPT
 /// ```
 ///
+/// In IPVS mode the branch names the virtual server that picked the real server:
+///
+/// ```text
+///    50.0%  -> IPVS TCP 10.96.0.10:80  DNAT 10.0.1.4:8080  forwarded, masqueraded, filter ACCEPT
+/// ```
+///
 /// For nftables the hooks are named as `nft` names them and the tables by family and
 /// name:
 ///
@@ -116,7 +122,13 @@ fn outcome_line(o: &Outcome, trace: &Trace, packet: &Packet) -> String {
                 .iter()
                 .rev()
                 .find(|s| s.effect == Effect::Dnat)
-                .map_or("", |s| s.chain.as_str());
+                .map_or(String::new(), |s| {
+                    if s.table == "ipvs" {
+                        format!("IPVS {}", s.chain)
+                    } else {
+                        s.chain.clone()
+                    }
+                });
             format!("-> {chain}  DNAT {}", endpoint(ip, port))
         }
         None => {
@@ -139,6 +151,9 @@ fn outcome_line(o: &Outcome, trace: &Trace, packet: &Packet) -> String {
                 .rev()
                 .find(|s| matches!(s.effect, Effect::Drop | Effect::Reject | Effect::Policy));
             match by {
+                Some(s) if s.table == "ipvs" => {
+                    format!("{v} by IPVS {} (no real server)", s.chain)
+                }
                 Some(s) => format!("{} {v} in {}", s.table, s.chain),
                 None => v.to_string(),
             }

@@ -155,6 +155,9 @@ pub enum Mode {
     Iptables,
     /// nftables rules (an `nft -j list ruleset` dump): [`crate::nft::trace_nft`].
     Nftables,
+    /// kube-proxy's IPVS mode: iptables rules with ipsets and the IPVS table (an
+    /// `ipvsadm -Sn` dump): [`crate::trace_ipvs`].
+    Ipvs,
 }
 
 /// The result of tracing one packet.
