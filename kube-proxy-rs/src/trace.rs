@@ -175,64 +175,8 @@ fn live_iptables(version: IpVersion) -> anyhow::Result<String> {
         .map_err(|e| anyhow!("reading this node's rules: {e}"))
 }
 
-/// IPVS mode's jumps from the built-in chains, as upstream writes them: (table, chain,
-/// comment, target), each prepended, so the last listed per chain ends up first.
-pub const IPVS_JUMPS: &[(&str, &str, &str, &str)] = &[
-    (
-        "nat",
-        "OUTPUT",
-        "kubernetes service portals",
-        "KUBE-SERVICES",
-    ),
-    (
-        "nat",
-        "PREROUTING",
-        "kubernetes service portals",
-        "KUBE-SERVICES",
-    ),
-    (
-        "nat",
-        "POSTROUTING",
-        "kubernetes postrouting rules",
-        "KUBE-POSTROUTING",
-    ),
-    (
-        "filter",
-        "FORWARD",
-        "kubernetes forwarding rules",
-        "KUBE-FORWARD",
-    ),
-    (
-        "filter",
-        "INPUT",
-        "kubernetes health check rules",
-        "KUBE-NODE-PORT",
-    ),
-    (
-        "filter",
-        "INPUT",
-        "kube-proxy firewall rules",
-        "KUBE-PROXY-FIREWALL",
-    ),
-    (
-        "filter",
-        "FORWARD",
-        "kube-proxy firewall rules",
-        "KUBE-PROXY-FIREWALL",
-    ),
-    (
-        "filter",
-        "INPUT",
-        "kubernetes ipvs access filter",
-        "KUBE-IPVS-FILTER",
-    ),
-    (
-        "filter",
-        "OUTPUT",
-        "kubernetes ipvs access filter",
-        "KUBE-IPVS-OUT-FILTER",
-    ),
-];
+/// IPVS mode's jumps from the built-in chains (table, chain, comment, target).
+pub use kp_proxier::ipvs::JUMPS as IPVS_JUMPS;
 
 /// IPVS mode's jumps from the built-in chains that iptables mode does not have (the
 /// others are completed by [`complete_kube_proxy_jumps`]): added to a dump that has the

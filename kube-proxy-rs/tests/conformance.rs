@@ -313,64 +313,7 @@ fn conformance_table_nftables_mode() {
     });
 }
 
-/// IPVS mode's jumps from the built-in chains (table, chain, comment, target), as upstream
-/// writes them: each prepended, so the last listed per chain ends up first.
-const IPVS_JUMPS: &[(&str, &str, &str, &str)] = &[
-    (
-        "nat",
-        "OUTPUT",
-        "kubernetes service portals",
-        "KUBE-SERVICES",
-    ),
-    (
-        "nat",
-        "PREROUTING",
-        "kubernetes service portals",
-        "KUBE-SERVICES",
-    ),
-    (
-        "nat",
-        "POSTROUTING",
-        "kubernetes postrouting rules",
-        "KUBE-POSTROUTING",
-    ),
-    (
-        "filter",
-        "FORWARD",
-        "kubernetes forwarding rules",
-        "KUBE-FORWARD",
-    ),
-    (
-        "filter",
-        "INPUT",
-        "kubernetes health check rules",
-        "KUBE-NODE-PORT",
-    ),
-    (
-        "filter",
-        "INPUT",
-        "kube-proxy firewall rules",
-        "KUBE-PROXY-FIREWALL",
-    ),
-    (
-        "filter",
-        "FORWARD",
-        "kube-proxy firewall rules",
-        "KUBE-PROXY-FIREWALL",
-    ),
-    (
-        "filter",
-        "INPUT",
-        "kubernetes ipvs access filter",
-        "KUBE-IPVS-FILTER",
-    ),
-    (
-        "filter",
-        "OUTPUT",
-        "kubernetes ipvs access filter",
-        "KUBE-IPVS-OUT-FILTER",
-    ),
-];
+use kp_proxier::ipvs::JUMPS as IPVS_JUMPS;
 
 /// One table of IPVS mode as `iptables-save` prints it: built-in chains, kube-proxy's
 /// chains, the jumps, the rendered rules.

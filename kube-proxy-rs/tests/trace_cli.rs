@@ -1038,6 +1038,28 @@ fn ipvs_mode_on_an_upstream_dump() {
 }
 
 #[test]
+fn ipvs_mode_ping_to_a_cluster_ip_is_answered_on_our_rules() {
+    // kube-proxy-rs lets echo requests through KUBE-IPVS-FILTER: the seeds' observation that
+    // a ClusterIP answers ping in IPVS mode holds on our rules.
+    let (ok, out, err) = ipvs_trace(
+        "ipvs-ours",
+        &[
+            "--from",
+            "pod",
+            "--src",
+            "10.0.0.9",
+            "--dst",
+            "10.96.138.71",
+            "--proto",
+            "icmp",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("delivered locally"), "{out}");
+    assert!(out.contains("which answers it"), "{out}");
+}
+
+#[test]
 fn ipvs_mode_ping_without_the_ipvs_filter_is_answered() {
     // An older upstream dump (before KUBE-IPVS-FILTER): the node answers the ping.
     let dir = std::env::temp_dir().join(format!("kp-trace-ipvs-{}", std::process::id()));

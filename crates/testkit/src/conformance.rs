@@ -311,8 +311,8 @@ fn add_ipvs_exceptions(scenarios: &mut [Scenario]) {
         (
             "ClusterIP",
             "ping to a ClusterIP",
-            Expect::Reject,
-            "IPVS mode binds the ClusterIP to kube-ipvs0, so the ping reaches the node (before KUBE-IPVS-FILTER, kube-proxy < 1.27 or so, the node answered it); upstream's KUBE-IPVS-FILTER rejects it as a new connection to a kube-ipvs0 address no set lists: ICMP port unreachable",
+            Expect::Unchanged,
+            "IPVS mode binds the ClusterIP to kube-ipvs0, so the ping reaches the node, which answers it (the seeds' observation); kube-proxy-rs lets echo requests through KUBE-IPVS-FILTER, while upstream's KUBE-IPVS-FILTER has rejected them since it was added (kubernetes/website#41002: ICMP port unreachable)",
         ),
         (
             "NodePort on every local address",

@@ -689,10 +689,37 @@ impl<'a> Engine<'a> {
             Match::Unknown { module, args } if module == "ipvs" && self.ipvs.is_some() => {
                 ipvs_match(args, st)
             }
+            Match::Unknown { module, args } if module == "icmp" || module == "icmp6" => {
+                self.icmp_type(args)
+            }
             Match::Unknown { module, .. } => Pure::Unknown(format!(
                 "match `-m {module}` (or its options) not understood"
             )),
         }
+    }
+
+    /// `-m icmp --icmp-type T` / `-m icmp6 --icmpv6-type T`: the traced ICMP packet is an echo
+    /// request (type 8, or 128 in ICMPv6).
+    fn icmp_type(&self, args: &[String]) -> Pure {
+        if !matches!(self.core.proto, 1 | 58) {
+            return Pure::No;
+        }
+        let (negated, value) = match args {
+            [flag, v] if flag == "--icmp-type" || flag == "--icmpv6-type" => (false, v),
+            [bang, flag, v]
+                if bang == "!" && (flag == "--icmp-type" || flag == "--icmpv6-type") =>
+            {
+                (true, v)
+            }
+            _ => {
+                return Pure::Unknown(format!("match `-m icmp {}` not understood", args.join(" ")));
+            }
+        };
+        let echo = matches!(
+            value.as_str(),
+            "8" | "8/0" | "128" | "128/0" | "echo-request" | "ping"
+        );
+        pure(echo ^ negated)
     }
 
     fn ports(&self, proto: u8, pm: &PortMatch, st: &State) -> Pure {
