@@ -377,6 +377,37 @@ fn service_features() -> Result<(), Failed> {
         list.contains("TCP  10.96.0.90:80 wrr persistent 600"),
         "{list}"
     );
+    // The kernel prints back every rule IPVS mode writes, unchanged (the tracer and
+    // operators read the same text), including `-m ipvs` in KUBE-IPVS-OUT-FILTER (the `fw`
+    // load balancer's source range excludes the node).
+    let mut dry = vec!["--proxy-mode=ipvs", "--dry-run"];
+    dry.extend(&args);
+    let (ok, out, err) = common::run_in(node, &dry);
+    assert!(ok, "{err}");
+    let ipv4 = out
+        .split("# IPv4: iptables-restore input")
+        .nth(1)
+        .and_then(|t| t.split("\n# ").next())
+        .unwrap_or_default()
+        .to_string();
+    let saved = format!(
+        "{}{}",
+        run(node, "iptables-save", &["-t", "filter"]),
+        run(node, "iptables-save", &["-t", "nat"])
+    );
+    let rules: Vec<&str> = ipv4.lines().filter(|l| l.starts_with("-A KUBE-")).collect();
+    assert!(rules.iter().any(|l| l.contains("-m ipvs")), "{ipv4}");
+    for line in rules {
+        assert!(
+            saved.lines().any(|l| l == line),
+            "the kernel does not print back {line:?}:\n{saved}"
+        );
+    }
+    let timeouts = run(node, "ipvsadm", &["-L", "--timeout"]);
+    assert!(
+        timeouts.contains("900 120 77"),
+        "--ipvs-udp-timeout: {timeouts}"
+    );
 
     // Session affinity: one client sticks to one backend.
     let sticky = names(

@@ -499,10 +499,11 @@ fn filter_rules(
         IpFamily::V4 => 32,
         IpFamily::V6 => 128,
     };
+    // As `iptables-save` prints it: `--vproto` first, the address without its /32.
     for (ip, proto, port) in lb_no_node_access {
         let _ = writeln!(
             out,
-            "-A {KUBE_IPVS_OUT_FILTER} -s {ip}/{host_prefix} -m ipvs --vaddr {ip}/{host_prefix} --vproto {} --vport {port} -j DROP",
+            "-A {KUBE_IPVS_OUT_FILTER} -s {ip}/{host_prefix} -m ipvs --vproto {} --vaddr {ip} --vport {port} -j DROP",
             proto_number(*proto)
         );
     }
