@@ -483,5 +483,9 @@ fn main() {
             seed_cluster_and_mode_switches,
         ),
         Trial::test("service_features", service_features),
+        Trial::test("ipv6_cluster_ip_and_node_port", || {
+            common::ipv6_cluster_ip_and_node_port(Mode::Ipvs);
+            Ok(())
+        }),
     ]);
 }

@@ -1079,3 +1079,75 @@ fn the_sandbox_keep_shows_the_proxys_errors_and_cleans_up_on_sigint() {
     assert!(stdout.contains("sandbox removed"), "{stdout}");
     assert!(sandbox_namespaces_left(child.id()).is_empty());
 }
+
+/// `--proxy-mode ipvs` on a kernel without IPVS (this one; the qemu guest tests have it):
+/// the daemon logs what is missing, runs iptables mode (the Service works), and says so in
+/// /proxyMode and `kube_proxy_rs_proxy_mode_fallback`; it does not exit.
+#[test]
+fn ipvs_mode_without_ipvs_falls_back_to_iptables_mode() {
+    if !require_root() {
+        return;
+    }
+    let (topology, _servers) = seed_topology();
+    let node = topology.node();
+    let dir = tempdir();
+    let manifest = seed_and_extra_manifest(dir.path());
+    let mut args = vec![
+        "--proxy-mode=ipvs",
+        "--manifests",
+        manifest.as_str(),
+        "--metrics-bind-address=127.0.0.1:10249",
+        "--healthz-bind-address=127.0.0.1:10256",
+    ];
+    args.extend(NODE_ARGS);
+    let has_ipvs = kp_testkit::vm::host_has_ipvs();
+    // `--proxy-mode=ipvs` in `args` comes after the iptables default.
+    let mut proxy = Daemon::start(Mode::Iptables, node, dir.path(), &args, None);
+    let get = |path: &str| {
+        node.run(
+            "curl",
+            [
+                "-s",
+                "--max-time",
+                "5",
+                &format!("http://127.0.0.1:10249{path}"),
+            ],
+        )
+        .unwrap_or_default()
+    };
+    proxy.wait_until("/proxyMode answered", || !get("/proxyMode").is_empty());
+    let running = get("/proxyMode");
+    let metrics = get("/metrics");
+    if has_ipvs {
+        assert_eq!(running.trim(), "ipvs", "{}", proxy.log());
+        assert!(
+            !metrics.contains("kube_proxy_rs_proxy_mode_fallback{"),
+            "{metrics}"
+        );
+        return;
+    }
+    proxy.wait_programmed(node);
+    assert_eq!(running.trim(), "iptables", "{}", proxy.log());
+    assert!(
+        metrics.contains(
+            "kube_proxy_rs_proxy_mode_fallback{requested=\"ipvs\",running=\"iptables\"} 1"
+        ),
+        "{metrics}"
+    );
+    let log = proxy.log();
+    assert!(
+        log.contains("IPVS mode cannot run on this node: falling back to iptables mode")
+            && log.contains("the kernel's IPVS (ip_vs)"),
+        "{log}"
+    );
+    // iptables mode serves the seed's Service.
+    let c = counts(http_get_many(
+        topology.client(),
+        "10.96.138.71:8080".parse().unwrap(),
+        10,
+        Duration::from_secs(2),
+    ));
+    assert_eq!(c.values().sum::<usize>(), 10);
+    assert!(c.keys().all(|k| !k.starts_with("error")), "{c:?}");
+    assert!(proxy.is_running());
+}

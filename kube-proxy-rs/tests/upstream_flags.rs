@@ -127,6 +127,8 @@ fn bad_values_are_rejected_naming_the_flag() {
     for (flag, value) in [
         ("--healthz-bind-address", "notanaddr"),
         ("--metrics-bind-address", "127.0.0.1:notaport"),
+        ("--ipvs-scheduler", "fastest"),
+        ("--ipvs-exclude-cidrs", "10.0.0.0/33"),
     ] {
         let arg = format!("{flag}={value}");
         for mode in [&["--dry-run"][..], &["--once"], &["--cleanup"], &[]] {

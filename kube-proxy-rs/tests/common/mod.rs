@@ -10,8 +10,8 @@
 // Each test crate uses a part of the harness.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -486,4 +486,110 @@ pub fn names(results: Vec<Result<HttpReply, ClientError>>, what: &str) -> Vec<St
             Err(e) => panic!("{what}: {e:?}"),
         })
         .collect()
+}
+
+/// An IPv6-only node: ClusterIP and NodePort (on the Node's primary address, which nftables
+/// mode's default `--nodeport-addresses primary` and iptables mode's "all" both include)
+/// reach both backends through the ip6tables or `ip6 kube-proxy` rules, or IPv6 virtual
+/// servers and `KUBE-6-` sets in IPVS mode.
+pub fn ipv6_cluster_ip_and_node_port(mode: Mode) {
+    if !kp_testkit::require_root() {
+        return;
+    }
+    let topology = kp_testkit::Topology::builder()
+        .ipv6_only()
+        .backends(2)
+        .build()
+        .unwrap();
+    let http = topology.start_http(8080).unwrap();
+    let be: Vec<IpAddr> = topology
+        .backends()
+        .iter()
+        .map(|b| b.ip(kp_model::IpFamily::V6).unwrap())
+        .collect();
+    let manifest = format!(
+        r#"apiVersion: v1
+kind: List
+items:
+- apiVersion: v1
+  kind: Node
+  metadata: {{name: k8s-master}}
+  status:
+    addresses: [{{type: InternalIP, address: "fd00:56::10"}}]
+- apiVersion: v1
+  kind: Service
+  metadata: {{name: web6, namespace: default}}
+  spec:
+    type: NodePort
+    clusterIP: "fd00:10:96::a"
+    ipFamilies: [IPv6]
+    ports: [{{port: 80, targetPort: 8080, nodePort: 30090}}]
+- apiVersion: discovery.k8s.io/v1
+  kind: EndpointSlice
+  metadata:
+    name: web6-1
+    namespace: default
+    labels: {{kubernetes.io/service-name: web6}}
+  addressType: IPv6
+  endpoints:
+  - addresses: ["{}"]
+    nodeName: k8s-master
+  - addresses: ["{}"]
+    nodeName: node-b
+  ports: [{{name: "", port: 8080, protocol: TCP}}]
+"#,
+        be[0], be[1]
+    );
+    let dir = tempdir();
+    let path = write(dir.path(), "cluster.yaml", &manifest);
+    let node = topology.node();
+    let mut proxy = Daemon::start(
+        mode,
+        node,
+        dir.path(),
+        &[
+            "--hostname-override=k8s-master",
+            "--cluster-cidr=fd00:10:244::/64",
+            "-v=2",
+            "--manifests",
+            path.to_str().unwrap(),
+        ],
+        None,
+    );
+    proxy.wait_until(
+        "the proxy did not program the IPv6 Service",
+        || match mode {
+            Mode::Ipvs => node
+                .run("ipvsadm", ["-S", "-n"])
+                .is_ok_and(|s| s.contains("[fd00:10:96::a]:80")),
+            Mode::Iptables => node
+                .run("ip6tables-save", ["-t", "nat"])
+                .is_ok_and(|s| s.contains("-d fd00:10:96::a/128 -p tcp")),
+            Mode::Nftables => {
+                nft_table(node, "ip6").is_some_and(|s| s.contains("fd00:10:96::a . tcp . 80"))
+            }
+        },
+    );
+    for (what, target) in [
+        ("ClusterIP", "[fd00:10:96::a]:80"),
+        ("NodePort", "[fd00:56::10]:30090"),
+    ] {
+        let seen: BTreeSet<String> = names(
+            kp_testkit::http_get_many(
+                topology.client(),
+                target.parse().unwrap(),
+                40,
+                if kp_testkit::vm::in_guest() {
+                    Duration::from_secs(5)
+                } else {
+                    Duration::from_secs(2)
+                },
+            ),
+            &format!("{what}\n{}", proxy.log()),
+        )
+        .into_iter()
+        .collect();
+        assert_eq!(seen.len(), 2, "{what}: both backends answer: {seen:?}");
+    }
+    drop(http);
 }
