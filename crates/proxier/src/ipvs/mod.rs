@@ -552,6 +552,28 @@ impl<I: Iptables> IpvsProxier<I> {
         out
     }
 
+    /// Adds (or deletes) `addrs` on kube-ipvs0 in one batch; returns the refusals, described.
+    fn change_addresses(
+        &mut self,
+        add: bool,
+        addrs: &[IpAddr],
+    ) -> Result<Vec<String>, ProxierError> {
+        if addrs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let results = if add {
+            self.links.add_addresses(DUMMY_DEVICE, addrs)
+        } else {
+            self.links.del_addresses(DUMMY_DEVICE, addrs)
+        }
+        .map_err(|e| kernel_err("kube-ipvs0 addresses", e))?;
+        Ok(results
+            .into_iter()
+            .filter_map(Result::err)
+            .map(|e| e.to_string())
+            .collect())
+    }
+
     fn read_tables(&self) -> Result<KernelTables, ProxierError> {
         let read = |table: Table| -> Result<KernelTable, ProxierError> {
             let text = self.ipt.save(Some(table))?;
@@ -728,18 +750,7 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
             .difference(&have.addresses)
             .copied()
             .collect();
-        if !add.is_empty() {
-            let results = self
-                .links
-                .add_addresses(DUMMY_DEVICE, &add)
-                .map_err(|e| kernel_err("kube-ipvs0 addresses", e))?;
-            failures.extend(
-                results
-                    .into_iter()
-                    .filter_map(Result::err)
-                    .map(|e| e.to_string()),
-            );
-        }
+        failures.extend(self.change_addresses(true, &add)?);
         // 4. The iptables rules, when they changed (and always on full syncs).
         let rules = self.iptables_payload(&want, tables.as_ref());
         if full || self.last_iptables.as_deref() != Some(rules.as_str()) {
@@ -752,18 +763,7 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
             .difference(&want.bind_addrs)
             .copied()
             .collect();
-        if !del.is_empty() {
-            let results = self
-                .links
-                .del_addresses(DUMMY_DEVICE, &del)
-                .map_err(|e| kernel_err("kube-ipvs0 addresses", e))?;
-            failures.extend(
-                results
-                    .into_iter()
-                    .filter_map(Result::err)
-                    .map(|e| e.to_string()),
-            );
-        }
+        failures.extend(self.change_addresses(false, &del)?);
         if !failures.is_empty() {
             // Keep what we know unset: the retry is a full sync that reads the kernel back.
             self.known = None;
@@ -856,15 +856,18 @@ impl CleanupReport {
     }
 }
 
+/// Whether `name` is one of upstream's IPVS-mode sets, of either family.
+fn is_kube_set(name: &str) -> bool {
+    KubeSet::from_name(name, IpFamily::V4).is_some()
+        || KubeSet::from_name(name, IpFamily::V6).is_some()
+}
+
 /// Whether IPVS mode left something on this node: kube-ipvs0, or one of its ipsets.
 pub fn has_leftovers(ipset: &dyn Ipset, links: &mut dyn LinkOps) -> bool {
     let link = links.link_index(DUMMY_DEVICE).ok().flatten().is_some();
-    let sets = ipset.save().is_ok_and(|sets| {
-        sets.iter().any(|s| {
-            KubeSet::from_name(&s.spec.name, IpFamily::V4).is_some()
-                || KubeSet::from_name(&s.spec.name, IpFamily::V6).is_some()
-        })
-    });
+    let sets = ipset
+        .save()
+        .is_ok_and(|sets| sets.iter().any(|s| is_kube_set(&s.spec.name)));
     link || sets
 }
 
@@ -902,9 +905,7 @@ pub fn cleanup(
     let sets = ipset.save()?;
     let mut b = kp_netfilter::ipset::RestoreBuilder::new();
     for s in &sets {
-        let ours = KubeSet::from_name(&s.spec.name, IpFamily::V4).is_some()
-            || KubeSet::from_name(&s.spec.name, IpFamily::V6).is_some();
-        if ours {
+        if is_kube_set(&s.spec.name) {
             b.destroy(&s.spec.name);
             report.sets += 1;
         }

@@ -213,6 +213,26 @@ fn add_vs(out: &mut Rendered, key: VsKey, spec: VirtualServerSpec) -> bool {
     true
 }
 
+/// An externalIP or load-balancer IP virtual server; its address is bound to kube-ipvs0
+/// unless it is already on another interface of the node (upstream does the same).
+fn add_external_vs(
+    out: &mut Rendered,
+    cfg: &RenderConfig,
+    addr: IpAddr,
+    protocol: Protocol,
+    port: u16,
+    spec: VirtualServerSpec,
+) {
+    let key = VsKey {
+        addr,
+        protocol,
+        port,
+    };
+    if add_vs(out, key, spec) && !cfg.other_addresses.contains(&addr) {
+        out.bind_addrs.insert(addr);
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn render_service(
     snap: &Snapshot,
@@ -275,16 +295,14 @@ fn render_service(
             KubeSet::ExternalIp
         };
         set_insert(out, set, ip_port(ip, proto, svc.port));
-        let key = VsKey {
-            addr: ip,
-            protocol: proto,
-            port: svc.port,
-        };
-        if add_vs(out, key, spec(VsKind::ExternalIp, ext_local))
-            && !cfg.other_addresses.contains(&ip)
-        {
-            out.bind_addrs.insert(ip);
-        }
+        add_external_vs(
+            out,
+            cfg,
+            ip,
+            proto,
+            svc.port,
+            spec(VsKind::ExternalIp, ext_local),
+        );
     }
 
     // Load-balancer ingress IPs.
@@ -311,16 +329,14 @@ fn render_service(
                 lb_no_node_access.push((ip, proto, svc.port));
             }
         }
-        let key = VsKey {
-            addr: ip,
-            protocol: proto,
-            port: svc.port,
-        };
-        if add_vs(out, key, spec(VsKind::LoadBalancer, ext_local))
-            && !cfg.other_addresses.contains(&ip)
-        {
-            out.bind_addrs.insert(ip);
-        }
+        add_external_vs(
+            out,
+            cfg,
+            ip,
+            proto,
+            svc.port,
+            spec(VsKind::LoadBalancer, ext_local),
+        );
     }
 
     // NodePorts: one virtual server per node address.
