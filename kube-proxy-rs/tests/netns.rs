@@ -439,7 +439,10 @@ fn nftables_switching_modes_without_a_reboot_and_cleanup_of_both() {
         iptables_save(&ns)
     );
     assert!(nft_table(&ns, "ip").is_some() && nft_table(&ns, "ip6").is_some());
-    assert!(log.contains("removed the iptables-mode rules"), "{log}");
+    assert!(
+        log.contains("removed the iptables-mode and IPVS-mode rules"),
+        "{log}"
+    );
 
     // nftables → iptables: both kube-proxy tables go away.
     once(&ns, "--proxy-mode=iptables");
