@@ -582,7 +582,8 @@ pub struct SandboxArgs {
     #[arg(long, value_name = "PATH")]
     pub manifests: Option<PathBuf>,
 
-    /// Which proxy mode to run.
+    /// Which proxy mode to run. IPVS mode on a kernel without IPVS runs the whole sandbox in
+    /// a qemu guest (prepared by scripts/install-deps; the boot takes about 10 s).
     #[arg(long, value_enum, default_value = "iptables")]
     pub proxy_mode: ProxyModeArg,
 
@@ -598,13 +599,14 @@ pub struct SandboxArgs {
     #[arg(short = 'n', long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..))]
     pub requests: u32,
 
-    /// Print the rules the proxy programmed (`iptables-save` or `nft list ruleset` in the
-    /// node namespace).
+    /// Print the rules the proxy programmed in the node namespace: `iptables-save`,
+    /// `nft list ruleset`, or in IPVS mode `iptables-save`, `ipset save` and `ipvsadm -Ln`.
     #[arg(long)]
     pub show_rules: bool,
 
     /// Keep the sandbox until Ctrl-C instead of tearing it down after the report, so it can
-    /// be explored (`ip netns exec <node> iptables-save` or `… nft list ruleset`).
+    /// be explored (`ip netns exec <node> iptables-save` or `… nft list ruleset`). Refused in
+    /// IPVS mode when the sandbox runs in a qemu guest.
     #[arg(long)]
     pub keep: bool,
 }

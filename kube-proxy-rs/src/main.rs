@@ -8,6 +8,7 @@ mod compat;
 mod config;
 mod ipvs_mode;
 mod nodesetup;
+mod ping;
 mod proxy;
 mod sandbox;
 mod trace;

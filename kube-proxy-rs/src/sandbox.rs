@@ -3,10 +3,18 @@
 //! From a manifest (default: the bundled seed example, one nginx Service with two Pods) it
 //! builds a `node` namespace (the node's InternalIP on a LAN), a `client` namespace on that
 //! LAN, and one backend namespace per endpoint IP, each serving HTTP on its target ports and
-//! answering with its own `ip:port`. It runs `kube-proxy-rs` (iptables or nftables mode)
-//! inside the node namespace, waits until the rules are programmed, sends requests to every
-//! Service address from the client and from the node, and prints which backends answered,
-//! how often and how fast.
+//! answering with its own `ip:port`. It runs `kube-proxy-rs` (iptables, nftables or IPVS
+//! mode) inside the node namespace, waits until the rules are programmed, sends requests to
+//! every Service address from the client and from the node, and prints which backends
+//! answered, how often and how fast, and whether each ClusterIP answers a ping (only in IPVS
+//! mode, where it is an address of the node's `kube-ipvs0`). In IPVS mode it also prints each
+//! Service's virtual server.
+//!
+//! IPVS mode on a kernel without IPVS (or dummy links): the sandbox re-runs itself, with the
+//! same arguments, inside a qemu guest booting Debian's kernel (`kp_testkit::vm`, prepared by
+//! `scripts/install-deps`; the guest sees the host's filesystem and is discarded at power-off),
+//! streams the guest's output, and stops qemu on Ctrl-C. `--keep` is refused there: nothing
+//! in the guest can be explored from the host.
 //! Everything it made (processes, namespaces, the temporary manifest) is removed at the end,
 //! on error and on Ctrl-C, and it says so in every case. It never touches the root network
 //! namespace; the only sysctls it sets are the node namespace's own.
@@ -39,9 +47,23 @@ use kp_testkit::{
 use kp_track::Tracker;
 
 use crate::cli::{ProxyModeArg, SandboxArgs};
+use crate::ping::ping;
 
 /// Time allowed for one request: short, so that Ctrl-C is honoured within about a second.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The limit of a whole sandbox run in the qemu guest (boot, sandbox, power-off).
+const GUEST_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// How long the proxy may take to program the node: everything is 10-30 times slower in the
+/// qemu guest (software emulation).
+fn programming_timeout() -> Duration {
+    if kp_testkit::vm::in_guest() {
+        Duration::from_secs(120)
+    } else {
+        Duration::from_secs(30)
+    }
+}
 
 /// An address whose first this-many requests all failed (and none answered) is not sent the
 /// rest: the report says how many were sent.
@@ -133,6 +155,13 @@ fn check_environment(mode: ProxyModeArg) -> anyhow::Result<()> {
     }
     let tools: &[&str] = match mode {
         ProxyModeArg::Nftables => &["ip", "nft"],
+        ProxyModeArg::Ipvs => &[
+            "ip",
+            "iptables-restore",
+            "iptables-save",
+            "ipset",
+            "ipvsadm",
+        ],
         _ => &["ip", "iptables-restore", "iptables-save"],
     };
     for tool in tools {
@@ -141,7 +170,7 @@ fn check_environment(mode: ProxyModeArg) -> anyhow::Result<()> {
             .unwrap_or(false);
         if !found {
             bail!(
-                "`{tool}` is not installed: run scripts/install-deps (Debian packages iproute2, iptables, nftables)"
+                "`{tool}` is not installed: run scripts/install-deps (Debian packages iproute2, iptables, nftables, ipset, ipvsadm)"
             );
         }
     }
@@ -149,10 +178,17 @@ fn check_environment(mode: ProxyModeArg) -> anyhow::Result<()> {
 }
 
 /// Whether the proxy in `ns` has programmed its rules: `KUBE-POSTROUTING` exists (iptables
-/// mode) or the `nat-postrouting` chain of table `ip kube-proxy` jumps to `masquerading`
-/// (nftables mode).
+/// mode), the `nat-postrouting` chain of table `ip kube-proxy` jumps to `masquerading`
+/// (nftables mode), or `KUBE-IPVS-FILTER` exists and a virtual server is there (IPVS mode).
 fn programmed(ns: &Netns, mode: ProxyModeArg) -> bool {
     match mode {
+        ProxyModeArg::Ipvs => {
+            ns.run("iptables-save", ["-t", "filter"])
+                .is_ok_and(|s| s.contains("-A KUBE-IPVS-FILTER"))
+                && ns
+                    .run("ipvsadm", ["-S", "-n"])
+                    .is_ok_and(|s| s.contains("-A "))
+        }
         ProxyModeArg::Nftables => ns
             .run(
                 "nft",
@@ -357,10 +393,11 @@ fn write_manifest(dir: &Path, args: &SandboxArgs) -> anyhow::Result<PathBuf> {
 /// is printed).
 pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
     check_environment(args.proxy_mode)?;
-    if args.proxy_mode == ProxyModeArg::Ipvs {
-        bail!(
-            "--proxy-mode ipvs is not implemented yet; the sandbox runs iptables or nftables mode"
-        );
+    if args.proxy_mode == ProxyModeArg::Ipvs
+        && !kp_testkit::vm::in_guest()
+        && !kp_testkit::vm::host_has_ipvs()
+    {
+        return run_in_guest(&args);
     }
     let mode = args.proxy_mode;
     let stop = Arc::new(AtomicBool::new(false));
@@ -515,6 +552,67 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
     result
 }
 
+/// IPVS mode on a kernel without IPVS: runs this same command (same arguments) in a qemu
+/// guest, streaming its output; Ctrl-C stops qemu, and everything in the guest goes with it.
+fn run_in_guest(args: &SandboxArgs) -> anyhow::Result<()> {
+    use kp_testkit::Error as TkError;
+    if args.keep {
+        bail!(
+            "--keep does not work with --proxy-mode ipvs on this kernel: it has no IPVS, so the \
+             sandbox runs in a qemu guest, whose namespaces cannot be explored from here and which \
+             is discarded when it ends; drop --keep (add --show-rules to see iptables-save, the \
+             ipsets and ipvsadm -Ln of the node)"
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        ctrlc::set_handler(move || {
+            if !stop.swap(true, Ordering::SeqCst) {
+                eprintln!("\ninterrupted: stopping the qemu guest");
+            }
+        })
+        .context("installing the Ctrl-C handler")?;
+    }
+    println!(
+        "kube-proxy-rs sandbox: this kernel has no IPVS, so the sandbox runs in a qemu guest \
+         (Debian's kernel, prepared by scripts/install-deps; booting takes about 10 s)"
+    );
+    let exe = std::env::current_exe().context("locating the kube-proxy-rs binary")?;
+    let out = kp_testkit::vm::GuestCommand::new(&exe)
+        .args(std::env::args_os().skip(1))
+        .timeout(GUEST_TIMEOUT)
+        .stream(true)
+        .interrupt_on(stop)
+        .run();
+    match out {
+        Ok(out) => {
+            println!(
+                "qemu guest: booted in {:.1} s, {:.1} s in all, powered off (nothing of it is left)",
+                out.boot.as_secs_f64(),
+                out.elapsed.as_secs_f64()
+            );
+            if out.code != 0 {
+                bail!(
+                    "the sandbox in the qemu guest failed (exit code {}; its error is above)",
+                    out.code
+                );
+            }
+            Ok(())
+        }
+        Err(TkError::VmInterrupted { .. }) => {
+            println!(
+                "sandbox removed: qemu stopped; the guest, with every namespace and process the \
+                 sandbox made in it, is gone"
+            );
+            bail!("interrupted")
+        }
+        Err(e @ TkError::VmUnavailable { .. }) => Err(anyhow!(e)
+            .context("--proxy-mode ipvs needs a qemu guest here (this kernel has no IPVS)")),
+        Err(e) => Err(anyhow!(e).context("running the sandbox in a qemu guest")),
+    }
+}
+
 /// What the sandbox runs with, once its namespaces exist.
 struct Sandbox<'a> {
     args: &'a SandboxArgs,
@@ -567,8 +665,13 @@ impl Sandbox<'_> {
         let exe = std::env::current_exe().context("locating the kube-proxy-rs binary")?;
         let log_file = std::fs::File::create(&log.path).context("creating the proxy log")?;
         println!(
-            "proxy log: {} (deleted with the sandbox; its warnings and errors are repeated here)",
-            log.path.display()
+            "proxy log: {} ({}deleted with the sandbox; its warnings and errors are repeated here)",
+            log.path.display(),
+            if kp_testkit::vm::in_guest() {
+                "in the qemu guest, "
+            } else {
+                ""
+            }
         );
         let mut cmd = node.command(&exe);
         cmd.arg(format!("--proxy-mode={}", mode.name()))
@@ -588,7 +691,7 @@ impl Sandbox<'_> {
         let mut proxy = ChildGuard::spawn(&mut cmd, format!("kube-proxy-rs in {}", node.name()))?;
         let programmed = proxy.wait_for(
             || self.interrupted() || programmed(node, mode),
-            Duration::from_secs(30),
+            programming_timeout(),
         );
         if let Err(e) = programmed {
             let text = std::fs::read_to_string(&log.path).unwrap_or_default();
@@ -607,7 +710,12 @@ impl Sandbox<'_> {
         );
         log.echo();
         println!(
-            "report: per address, the backend that answered each request (ip:port, with the endpoint's nodeName) and the latency of connect+response;\n        \"refused\" is a REJECT (Service without endpoints), \"timed out\" a DROP or no route;\n        an address whose first {GIVE_UP_AFTER} requests all fail is not sent the rest\n"
+            "report: per address, the backend that answered each request (ip:port, with the endpoint's nodeName) and the latency of connect+response;\n        \"refused\" is a REJECT (Service without endpoints), \"timed out\" a DROP or no route;\n        an address whose first {GIVE_UP_AFTER} requests all fail is not sent the rest;\n        \"ping\" is one ICMP echo from the client to the ClusterIP: in IPVS mode the ClusterIP is an\n        address of the node's kube-ipvs0 dummy link, so the node's kernel answers it; in iptables\n        and nftables mode it is no interface's address (only NAT rules for the Service's ports),\n        so nothing answers{}\n",
+            if mode == ProxyModeArg::Ipvs {
+                ";\n        \"ipvs\" is the Service's virtual server (ipvsadm -Ln): scheduler, real servers and\n        weights, and whether kube-ipvs0 holds the ClusterIP"
+            } else {
+                ""
+            }
         );
         // Let the client reach external and load-balancer IPs through the node, as a router
         // in front of the node would.
@@ -630,6 +738,7 @@ impl Sandbox<'_> {
 
         let n = args.requests as usize;
         let client = topology.client();
+        let mut pinged = BTreeSet::new();
         for svc in snap.services.values() {
             report_service(
                 svc,
@@ -641,28 +750,47 @@ impl Sandbox<'_> {
                 self.node_of,
                 self.stop,
             )?;
+            if mode == ProxyModeArg::Ipvs {
+                println!("  {}", ipvs_line(node, svc));
+            }
+            // One ping per ClusterIP (several Service ports may share it).
+            if pinged.insert(svc.cluster_ip) {
+                let answer = ping(client, svc.cluster_ip, REQUEST_TIMEOUT)
+                    .with_context(|| format!("pinging {} from the client", svc.cluster_ip))?;
+                println!("  ping {}: {answer}", svc.cluster_ip);
+            }
+            println!();
         }
         log.echo();
 
-        let (dump, dump_args): (&str, &[&str]) = match mode {
-            ProxyModeArg::Nftables => ("nft", &["list", "ruleset"]),
-            _ => ("iptables-save", &[]),
+        let dumps: &[(&str, &[&str])] = match mode {
+            ProxyModeArg::Nftables => &[("nft", &["list", "ruleset"])],
+            ProxyModeArg::Ipvs => &[
+                ("iptables-save", &[]),
+                ("ipset", &["save"]),
+                ("ipvsadm", &["-Ln"]),
+            ],
+            _ => &[("iptables-save", &[])],
         };
-        let dump_line = format!("{dump} {}", dump_args.join(" "));
+        let dump_line = |(dump, dump_args): &(&str, &[&str])| {
+            format!("{dump} {}", dump_args.join(" ")).trim().to_string()
+        };
         if args.show_rules {
-            println!("--- {} in {} ---", dump_line.trim(), node.name());
-            print!(
-                "{}",
-                node.run(dump, dump_args.iter().copied())
-                    .with_context(|| format!("{dump} in the node namespace"))?
-            );
+            for d in dumps {
+                println!("--- {} in {} ---", dump_line(d), node.name());
+                print!(
+                    "{}",
+                    node.run(d.0, d.1.iter().copied())
+                        .with_context(|| format!("{} in the node namespace", d.0))?
+                );
+            }
         }
         if args.keep {
             println!(
                 "\nThe sandbox stays up; explore it with `ip netns exec {} {}`. Ctrl-C removes it.\n\
                  The proxy logs to {}; its warnings and errors appear here as they happen.",
                 node.name(),
-                dump_line.trim(),
+                dumps.last().map(dump_line).unwrap_or_default(),
                 log.path.display()
             );
             while !self.interrupted() {
@@ -733,8 +861,66 @@ fn report_service(
         };
         println!("  {label}  {}", outcome.summary(n, node_of));
     }
-    println!();
     Ok(())
+}
+
+/// `ipvs: TCP 10.96.138.71:8080 rr -> 10.0.0.4:80 (w 1), 10.0.1.2:80 (w 1); kube-ipvs0
+/// holds 10.96.138.71`: the Service's virtual server as `ipvsadm -Ln` lists it in `node`.
+fn ipvs_line(node: &Netns, svc: &ServicePortInfo) -> String {
+    let flag = match svc.name.protocol {
+        Protocol::Tcp => "-t",
+        Protocol::Udp => "-u",
+        Protocol::Sctp => "--sctp-service",
+    };
+    let vs = SocketAddr::new(svc.cluster_ip, svc.port).to_string();
+    let listing = node
+        .run("ipvsadm", ["-L", "-n", flag, vs.as_str()])
+        .unwrap_or_default();
+    let addrs = node
+        .run("ip", ["-o", "addr", "show", "dev", "kube-ipvs0"])
+        .unwrap_or_default();
+    let held = addrs
+        .split_whitespace()
+        .any(|w| w.split('/').next() == Some(svc.cluster_ip.to_string().as_str()));
+    let holds = if held {
+        format!("kube-ipvs0 holds {}", svc.cluster_ip)
+    } else {
+        format!("kube-ipvs0 does not hold {}", svc.cluster_ip)
+    };
+    match parse_virtual_server(&listing) {
+        Some(line) => format!("ipvs: {line}; {holds}"),
+        None => format!(
+            "ipvs: no virtual server {} {vs}; {holds}",
+            svc.name.protocol
+        ),
+    }
+}
+
+/// `TCP 10.96.138.71:8080 rr -> 10.0.0.4:80 (w 1), 10.0.1.2:80 (w 1)` from the
+/// `ipvsadm -L -n -t ADDR` listing of one virtual server.
+fn parse_virtual_server(listing: &str) -> Option<String> {
+    let mut head = None;
+    let mut reals = Vec::new();
+    for line in listing.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            [proto, addr, rest @ ..] if ["TCP", "UDP", "SCTP"].contains(proto) => {
+                head = Some(format!("{proto} {addr} {}", rest.join(" ")));
+            }
+            ["->", addr, _forward, weight, ..]
+                if head.is_some() && weight.parse::<u32>().is_ok() =>
+            {
+                reals.push(format!("{addr} (w {weight})"));
+            }
+            _ => {}
+        }
+    }
+    let head = head?;
+    Some(if reals.is_empty() {
+        format!("{head} -> no real servers")
+    } else {
+        format!("{head} -> {}", reals.join(", "))
+    })
 }
 
 #[cfg(test)]
@@ -773,6 +959,28 @@ mod tests {
             out.summary(51, &BTreeMap::new()),
             "51 requests: 10.0.0.4:80 1, timed out 50   p50 1.00 ms  p99 1.00 ms"
         );
+    }
+
+    #[test]
+    fn a_virtual_server_listing_becomes_one_line() {
+        let listing = "IP Virtual Server version 1.2.1 (size=4096)\n\
+            Prot LocalAddress:Port Scheduler Flags\n\
+            \x20 -> RemoteAddress:Port           Forward Weight ActiveConn InActConn\n\
+            TCP  10.96.138.71:8080 rr\n\
+            \x20 -> 10.0.0.4:80                  Masq    1      0          0\n\
+            \x20 -> 10.0.1.2:80                  Masq    1      0          3\n";
+        assert_eq!(
+            parse_virtual_server(listing).unwrap(),
+            "TCP 10.96.138.71:8080 rr -> 10.0.0.4:80 (w 1), 10.0.1.2:80 (w 1)"
+        );
+        let empty = "Prot LocalAddress:Port Scheduler Flags\n\
+            \x20 -> RemoteAddress:Port           Forward Weight ActiveConn InActConn\n\
+            UDP  10.96.0.10:53 rr persistent 10800\n";
+        assert_eq!(
+            parse_virtual_server(empty).unwrap(),
+            "UDP 10.96.0.10:53 rr persistent 10800 -> no real servers"
+        );
+        assert_eq!(parse_virtual_server(""), None);
     }
 
     #[test]

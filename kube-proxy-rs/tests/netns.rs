@@ -2,7 +2,8 @@
 //! proxy modes: what it programs (golden rules, `--dry-run` against the kernel), resync and
 //! `--cleanup`, real traffic through ClusterIP and NodePort with endpoint removal and REJECT,
 //! a failed sync and its retry, switching modes, bad manifests, and the sandbox (its report,
-//! Services without endpoints, Ctrl-C, `--keep`).
+//! the ping line, Services without endpoints, Ctrl-C, `--keep`; in IPVS mode the README's
+//! command as a newcomer types it, which runs in a qemu guest where this kernel lacks IPVS).
 //!
 //! A check that holds in both modes is written once, as a function taking the [`Mode`], with
 //! one `#[test]` per mode (`…_iptables`, `…_nftables`); checks of one mode only are in
@@ -438,7 +439,10 @@ fn nftables_switching_modes_without_a_reboot_and_cleanup_of_both() {
         iptables_save(&ns)
     );
     assert!(nft_table(&ns, "ip").is_some() && nft_table(&ns, "ip6").is_some());
-    assert!(log.contains("removed the iptables-mode rules"), "{log}");
+    assert!(
+        log.contains("removed the iptables-mode and IPVS-mode rules"),
+        "{log}"
+    );
 
     // nftables → iptables: both kube-proxy tables go away.
     once(&ns, "--proxy-mode=iptables");
@@ -824,6 +828,12 @@ fn the_sandbox_reports_both_backends_and_cleans_up(mode: Mode) {
         stdout.contains(&format!("--proxy-mode {}", mode.name())),
         "{stdout}"
     );
+    // A ClusterIP is no address of any interface outside IPVS mode: a ping gets no answer.
+    assert!(
+        stdout.contains("  ping 10.96.138.71: no answer"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("ipvs: "), "{stdout}");
     // On the bundled example the proxy has nothing to warn about (no machine-wide settings
     // attempted from inside the sandbox).
     assert!(
@@ -1150,4 +1160,204 @@ fn ipvs_mode_without_ipvs_falls_back_to_iptables_mode() {
     assert_eq!(c.values().sum::<usize>(), 10);
     assert!(c.keys().all(|k| !k.starts_with("error")), "{c:?}");
     assert!(proxy.is_running());
+}
+
+/// Runs `cmd` (stdout and stderr captured) and waits up to `limit` for it; kills it (and so,
+/// through its death signal, any qemu it started) and panics when it takes longer. Returns
+/// the output and the child's pid.
+fn output_within(cmd: &mut Command, limit: Duration) -> (std::process::Output, u32) {
+    let child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let out = child.wait_with_output();
+        let _ = tx.send(());
+        out
+    });
+    if rx.recv_timeout(limit).is_err() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let out = waiter.join().unwrap().unwrap();
+        panic!(
+            "still running after {limit:?}:\n{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    (waiter.join().unwrap().unwrap(), pid)
+}
+
+/// The qemu processes the sandbox with pid `pid` started that still run (their run
+/// directory, `kp-vm-<pid>-<n>`, is on their command line).
+fn qemu_left_by(pid: u32) -> Vec<String> {
+    let needle = format!("kp-vm-{pid}-");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains("qemu") && c.contains(&needle))
+        .collect()
+}
+
+/// The README's IPVS command exactly as a newcomer types it, `kube-proxy-rs sandbox
+/// --proxy-mode ipvs` (with `-n 20`): on this kernel (no IPVS) the sandbox says it runs in a
+/// qemu guest and does; both backends answer in turn from the client and from the node, the
+/// virtual server is listed with kube-ipvs0 holding the ClusterIP, the ClusterIP answers
+/// ping, everything is removed, and no qemu is left. On a kernel with IPVS the same command
+/// runs on the host.
+#[test]
+fn the_sandbox_in_ipvs_mode_runs_the_readme_command_end_to_end() {
+    if !require_root() {
+        return;
+    }
+    let started = Instant::now();
+    let mut cmd = Command::new(BIN);
+    cmd.args(["sandbox", "--proxy-mode", "ipvs", "-n", "20"]);
+    let (out, pid) = output_within(&mut cmd, Duration::from_secs(300));
+    let took = started.elapsed();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let guest = !kp_testkit::vm::host_has_ipvs();
+    if guest {
+        let first = stdout.lines().next().unwrap_or_default();
+        assert!(
+            first.contains("this kernel has no IPVS")
+                && first.contains("qemu guest")
+                && first.contains("about 10 s"),
+            "the first line says where it runs: {first}"
+        );
+        assert!(stdout.contains("qemu guest: booted in "), "{stdout}");
+    }
+    assert!(stdout.contains("--proxy-mode ipvs"), "{stdout}");
+    for who in ["client", "node  "] {
+        let line = stdout
+            .lines()
+            .find(|l| l.contains(&format!("{who} -> 10.96.138.71:8080")))
+            .unwrap_or_else(|| panic!("no {who} line:\n{stdout}"));
+        // Round robin: 10 each, give or take a retried connection.
+        for backend in [
+            "10.0.0.4:80 (nodeName k8s-master) ",
+            "10.0.1.2:80 (nodeName k8s-worker) ",
+        ] {
+            let n: usize = line
+                .split(backend)
+                .nth(1)
+                .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{backend} did not answer: {line}"));
+            assert!((8..=12).contains(&n), "unbalanced: {line}");
+        }
+        assert!(line.contains(" 20 requests: "), "{line}");
+    }
+    assert!(
+        stdout.contains(
+            "  ipvs: TCP 10.96.138.71:8080 rr -> 10.0.0.4:80 (w 1), 10.0.1.2:80 (w 1); \
+             kube-ipvs0 holds 10.96.138.71"
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("  ping 10.96.138.71: answered ("),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("sandbox removed: proxy stopped, 5 namespaces deleted"),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.lines().any(|l| l.starts_with("proxy log:")
+            && (l.contains(" WARN ") || l.contains(" ERROR "))),
+        "{stdout}"
+    );
+    let left = qemu_left_by(pid);
+    assert!(left.is_empty(), "qemu left behind: {left:?}");
+    eprintln!("the IPVS sandbox took {took:?}");
+}
+
+/// Ctrl-C (SIGINT to the sandbox alone, as a `kill -INT` would) while the IPVS sandbox runs
+/// in the qemu guest: it stops qemu at once, says everything is gone, and no qemu is left.
+/// `--keep` is refused there, with the reason. On a kernel with IPVS the sandbox runs on the
+/// host and removes its namespaces instead.
+#[test]
+fn the_sandbox_in_ipvs_mode_stops_qemu_on_sigint_and_refuses_keep_in_the_guest() {
+    if !require_root() {
+        return;
+    }
+    let guest = !kp_testkit::vm::host_has_ipvs();
+    if guest {
+        let out = Command::new(BIN)
+            .args(["sandbox", "--proxy-mode", "ipvs", "--keep"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            stderr.contains("--keep does not work with --proxy-mode ipvs")
+                && stderr.contains("qemu guest"),
+            "{stderr}"
+        );
+    }
+    let dir = tempdir();
+    let out_path = dir.path().join("stdout");
+    let mut child = Reaped(
+        Command::new(BIN)
+            .args(["sandbox", "--proxy-mode", "ipvs", "-n", "200"])
+            .stdout(std::fs::File::create(&out_path).unwrap())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let pid = child.0.id();
+    // Interrupted once it is busy (in the guest: booted and building the namespaces).
+    let text = wait_for_text_within(&out_path, "building namespaces", Duration::from_secs(120));
+    assert!(text.contains("building namespaces"), "{text}");
+    if guest {
+        assert!(!qemu_left_by(pid).is_empty(), "no qemu while it runs?");
+    }
+    let took = interrupt(&mut child.0);
+    let stdout = std::fs::read_to_string(&out_path).unwrap();
+    assert!(
+        took < Duration::from_secs(8),
+        "took {took:?} to exit:\n{stdout}"
+    );
+    assert!(stdout.contains("sandbox removed"), "{stdout}");
+    if guest {
+        assert!(stdout.contains("qemu stopped"), "{stdout}");
+        let left = qemu_left_by(pid);
+        assert!(left.is_empty(), "qemu left behind: {left:?}");
+    } else {
+        assert!(sandbox_namespaces_left(pid).is_empty());
+    }
+}
+
+/// A child killed (SIGKILL: its qemu dies with it) and reaped on drop, e.g. when an assertion
+/// fails before it exited.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Like [`wait_for_text`], with a limit of its own (the qemu guest boots first).
+fn wait_for_text_within(path: &std::path::Path, needle: &str, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if text.contains(needle) || Instant::now() > deadline {
+            return text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }

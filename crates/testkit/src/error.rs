@@ -115,6 +115,14 @@ pub enum Error {
         /// The last lines of the console log.
         tail: String,
     },
+
+    /// The guest run was interrupted ([`crate::vm::GuestCommand::interrupt_on`]): qemu was
+    /// killed, and everything in the guest with it.
+    #[error("the qemu guest was interrupted after {after:?} and stopped")]
+    VmInterrupted {
+        /// From starting qemu to the interrupt.
+        after: Duration,
+    },
 }
 
 impl Error {

@@ -25,8 +25,10 @@
 //! once and runs the same test executable, with the same arguments, inside it.
 //!
 //! Guarantees: every qemu runs with a timeout, is killed when its [`GuestCommand::run`]
-//! returns or unwinds, and (through `setpriv --pdeathsig KILL`) when the process that
-//! started it dies. Nothing is created on the host but a temporary run directory.
+//! returns or unwinds, when its [`GuestCommand::interrupt_on`] flag is set (e.g. by a Ctrl-C
+//! handler), and (through `setpriv --pdeathsig KILL`) when the process that started it dies.
+//! qemu runs in a process group of its own, so a terminal's Ctrl-C reaches only the caller.
+//! Nothing is created on the host but a temporary run directory.
 //!
 //! ```no_run
 //! use kp_testkit::vm::GuestCommand;
@@ -50,8 +52,8 @@ use std::io::{Read, Write};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -284,6 +286,7 @@ pub struct GuestCommand {
     timeout: Duration,
     memory_mib: u32,
     stream: bool,
+    interrupt: Option<Arc<AtomicBool>>,
 }
 
 impl GuestCommand {
@@ -298,6 +301,7 @@ impl GuestCommand {
             timeout: DEFAULT_TIMEOUT,
             memory_mib: DEFAULT_MEMORY_MIB,
             stream: false,
+            interrupt: None,
         }
     }
 
@@ -366,6 +370,15 @@ impl GuestCommand {
         self
     }
 
+    /// Stops the run as soon as `flag` is `true` (e.g. set by a Ctrl-C handler): qemu is
+    /// killed and reaped at once, everything in the guest goes with it, and
+    /// [`GuestCommand::run`] returns [`Error::VmInterrupted`] (the output so far was
+    /// streamed, if streaming).
+    pub fn interrupt_on(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.interrupt = Some(flag);
+        self
+    }
+
     /// Boots the guest, runs the command, powers the guest off, and returns the command's
     /// exit code and output. Needs root (qemu's 9p export of `/` must read every file).
     ///
@@ -428,7 +441,20 @@ impl GuestCommand {
         let mut console = Follow::new(run.path.join("console.log"), console_sink);
         let started = run.path.join("started");
         let mut boot = None;
+        let interrupted = || {
+            self.interrupt
+                .as_ref()
+                .is_some_and(|f| f.load(Ordering::SeqCst))
+        };
         let exited = loop {
+            if interrupted() {
+                qemu_guard.kill();
+                stdout.pump();
+                stderr.pump();
+                return Err(Error::VmInterrupted {
+                    after: start.elapsed(),
+                });
+            }
             let status = qemu_guard.try_wait();
             if boot.is_none() && started.exists() {
                 boot = Some(start.elapsed());
@@ -437,6 +463,13 @@ impl GuestCommand {
             stderr.pump();
             console.pump();
             if let Some(status) = status {
+                // qemu also stops on a SIGINT of its own (Ctrl-C in a terminal reaches the
+                // whole process group): that is the interrupt too, not a guest failure.
+                if interrupted() {
+                    return Err(Error::VmInterrupted {
+                        after: start.elapsed(),
+                    });
+                }
                 break Some(status);
             }
             if start.elapsed() > self.timeout {
@@ -794,6 +827,10 @@ fn qemu_command(qemu: &Path, kernel: &GuestKernel, run: &Path, memory_mib: u32) 
         .args(["-nic", "none"])
         .stdin(Stdio::null())
         .stdout(Stdio::null());
+    // Its own process group: a Ctrl-C in the terminal reaches this process, which decides
+    // (the default SIGINT kills it, and qemu with it through the death signal; a handler can
+    // use `interrupt_on`), not qemu behind its back.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     // qemu's own messages (warnings, errors) go to qemu.log beside the console log.
     match File::create(run.join("qemu.log")) {
         Ok(log) => cmd.stderr(log),
