@@ -9,8 +9,9 @@
 //! ClusterIP answered in IPVS mode and not in iptables mode, endpoint removal while running
 //! with graceful termination (weight 0 while a connection is open), a Service without
 //! endpoints refused, session affinity, a non-default scheduler, UDP following an endpoint
-//! move, Local traffic policy keeping the client's address, and mode switches iptables →
-//! ipvs → nftables → iptables, each removing the others' leftovers.
+//! move, Local traffic policy keeping the client's address, and mode switches ipvs →
+//! iptables → ipvs → nftables → iptables → ipvs, each removing the others' leftovers, and
+//! `--cleanup`.
 
 mod common;
 
@@ -322,22 +323,49 @@ fn seed_cluster_and_mode_switches() -> Result<(), Failed> {
         "{save}"
     );
 
-    // To nftables mode: the iptables chains go.
+    // iptables → IPVS: iptables mode's per-Service chains go in IPVS mode's first restore.
+    assert!(run(node, "iptables-save", &["-t", "nat"]).contains("-A KUBE-SVC-"));
+    drop(proxy);
+    let mut proxy = Daemon::start(Mode::Ipvs, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
+    let nat = run(node, "iptables-save", &["-t", "nat"]);
+    assert!(
+        !nat.contains("KUBE-SVC-") && !nat.contains("KUBE-SEP-") && !nat.contains("KUBE-NODEPORTS"),
+        "{nat}"
+    );
+    let filter = run(node, "iptables-save", &["-t", "filter"]);
+    assert!(!filter.contains("KUBE-EXTERNAL-SERVICES"), "{filter}");
+    let c = counts(http_get_many(client, vip, 10, T));
+    assert!(c.keys().all(|k| !k.starts_with("error")), "{c:?}");
+    assert!(
+        ping(client, "10.96.138.71"),
+        "IPVS mode again: no ping answer"
+    );
+
+    // IPVS → nftables: the iptables chains, ipsets, virtual servers and kube-ipvs0 go.
     drop(proxy);
     let mut proxy = Daemon::start(Mode::Nftables, node, dir.path(), &ipt_args, None);
     proxy.wait_programmed(node);
-    assert!(!run(node, "iptables-save", &[]).contains("KUBE-SERVICES"));
+    assert!(!run(node, "iptables-save", &[]).contains("KUBE-"));
+    assert!(run(node, "ipvsadm", &["-S", "-n"]).trim().is_empty());
+    assert!(node.ip(["link", "show", "kube-ipvs0"]).is_err());
+    assert!(!run(node, "ipset", &["list", "-n"]).contains("KUBE-"));
     let c = counts(http_get_many(client, vip, 10, T));
     assert!(c.keys().all(|k| !k.starts_with("error")), "{c:?}");
 
-    // Back to IPVS mode: the nftables table goes, IPVS serves again.
+    // nftables → iptables: the nftables table goes.
     drop(proxy);
-    let mut proxy = Daemon::start(Mode::Ipvs, node, dir.path(), &args, None);
+    let mut proxy = Daemon::start(Mode::Iptables, node, dir.path(), &ipt_args, None);
     proxy.wait_programmed(node);
     let tables = run(node, "nft", &["list", "tables"]);
     assert!(!tables.contains("kube-proxy"), "{tables}");
     let c = counts(http_get_many(client, vip, 10, T));
     assert!(c.keys().all(|k| !k.starts_with("error")), "{c:?}");
+
+    // Back to IPVS mode for the cleanup.
+    drop(proxy);
+    let mut proxy = Daemon::start(Mode::Ipvs, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
 
     // --cleanup removes every IPVS-mode object.
     drop(proxy);
