@@ -614,7 +614,7 @@ impl AllOptions {
     /// The defaults of `kp-bench vm` (inside the emulated guest, ~15-20 minutes): the three
     /// [`Mode::VM`] modes; control plane at 1,000 Services, one run; datapath at 0, 1k, 5k
     /// and 10k background Services, the probed Service last only, 300 probes, 2 s of
-    /// new-connection requests for the CPU per connection, no keepalive run; 15-minute tool
+    /// new-connection requests for the CPU per connection, no keepalive run; 10-minute tool
     /// timeouts.
     pub fn vm() -> Self {
         AllOptions {
@@ -624,7 +624,7 @@ impl AllOptions {
             probes: 300,
             rps_seconds: 2.0,
             concurrency: 2,
-            tool_timeout: Duration::from_secs(900),
+            tool_timeout: Duration::from_secs(600),
             positions: vec!["last".into()],
             keepalive: false,
             ..AllOptions::full()

@@ -101,7 +101,7 @@ enum Command {
         /// Seconds of the new-connection requests run that measures CPU (default 2).
         #[arg(long)]
         rps_seconds: Option<f64>,
-        /// Timeout of each kernel-tool run in the guest, seconds (default 900).
+        /// Timeout of each kernel-tool run in the guest, seconds (default 600).
         #[arg(long)]
         tool_timeout: Option<u64>,
         /// Datapath positions (comma-separated; default last).
