@@ -5,6 +5,13 @@
 //!
 //! Every kernel-tool run happens inside a fresh network namespace and under `timeout`; a run
 //! that hits the timeout is reported as a timeout, never as a number.
+//!
+//! IPVS mode ([`Mode::Ipvs`], on a kernel with IPVS): the payload is the three texts of
+//! [`crate::IpvsPayload`]; the floor is `ipset restore` of the sets followed by `ipvsadm
+//! --restore` of the same virtual and real servers (the tools alone, in an empty namespace);
+//! the proxier is [`IpvsProxier`] with its real adapters (IPVS over generic netlink,
+//! kube-ipvs0 over rtnetlink, `ipset`, `iptables-legacy-restore`), opened inside the
+//! namespace; the "save" column is `ipvsadm -S -n` of the loaded table.
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
@@ -15,14 +22,15 @@ use anyhow::Context;
 use kp_model::{Changes, Endpoint, IpFamily, NamespacedName, Snapshot};
 use kp_netfilter::{Backend, Exec, ExecIptables, ExecNft, IpVersion, SystemExec, Table};
 use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
+use kp_proxier::ipvs::{IpvsConfig, IpvsProxier};
 use kp_proxier::nftables::{NftablesConfig, NftablesProxier};
 use kp_proxier::{FakeHost, LocalDetector, NodePortAddresses, Proxier, SyncReport};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{Mode, pod_cidr, scale_service, scale_snapshot, v4};
 
 /// The outcome of one timed step.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Timed {
     /// Finished in `ms` milliseconds.
@@ -85,7 +93,7 @@ pub fn fmt_ms(ms: f64) -> String {
 }
 
 /// One one-Service change.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Change {
     /// What changed.
     pub what: String,
@@ -98,7 +106,7 @@ pub struct Change {
 }
 
 /// Control-plane results of one mode at one size (medians over `runs`).
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ControlPoint {
     /// Mode label (`iptables-legacy`, `iptables-nft`, `nftables`).
     pub mode: String,
@@ -109,6 +117,7 @@ pub struct ControlPoint {
     /// Runs the medians are over.
     pub runs: usize,
     /// Cold render of the full ruleset plus payload (no kernel), median.
+    #[serde(deserialize_with = "crate::report::nan_f64")]
     pub render_ms: f64,
     /// Bytes of the cold full payload.
     pub payload_bytes: usize,
@@ -133,6 +142,9 @@ pub struct ControlPoint {
     pub save_parse_ms: Option<f64>,
     /// iptables modes: parsing it with the full typed parser (the previous way).
     pub save_parse_full_ms: Option<f64>,
+    /// IPVS mode: netlink requests of the cold sync (one per virtual and real server).
+    #[serde(default)]
+    pub ipvs_requests: Option<usize>,
     /// One-Service changes through partial syncs.
     pub changes: Vec<Change>,
     /// The proxy's peak RSS (VmHWM of a child process that builds the tracker state from
@@ -162,6 +174,7 @@ impl ControlPoint {
             save_tool: skip,
             save_parse_ms: None,
             save_parse_full_ms: None,
+            ipvs_requests: None,
             changes: Vec::new(),
             peak_rss_mib: None,
             state_rss_mib: None,
@@ -227,7 +240,77 @@ pub(crate) fn proxier_in(
                 host,
             )?)
         }
+        Mode::Ipvs => {
+            ipvs_sysctls(ns);
+            let cfg = IpvsConfig {
+                local_detector: detector,
+                nodeport_addresses: NodePortAddresses::all(),
+                ..IpvsConfig::default()
+            };
+            // Both sockets belong to the namespace they are created in.
+            let (ipvs, links) = ns
+                .in_ns(|| {
+                    (
+                        kp_netlink::ipvs::Ipvs::with_timeout(timeout),
+                        kp_netlink::link::Links::new(),
+                    )
+                })
+                .context("entering the namespace")?;
+            let ipvs = ipvs.context("opening IPVS over netlink (does this kernel have IPVS?)")?;
+            let links = links.context("opening rtnetlink")?;
+            Box::new(IpvsProxier::new(
+                IpFamily::V4,
+                cfg,
+                ExecIptables::with_exec(IpVersion::V4, Backend::Legacy, exec.clone()),
+                Box::new(kp_netfilter::ipset::ExecIpset::with_exec(exec)),
+                Box::new(ipvs),
+                Box::new(links),
+                host,
+            )?)
+        }
     })
+}
+
+/// The sysctls the IPVS proxier sets at start (its host is a fake here), set inside `ns`
+/// only; best effort.
+pub(crate) fn ipvs_sysctls(ns: &kp_testkit::Netns) {
+    for (k, v) in [
+        ("net.ipv4.vs.conntrack", "1"),
+        ("net.ipv4.vs.expire_nodest_conn", "1"),
+        ("net.ipv4.vs.expire_quiescent_template", "1"),
+        ("net.ipv4.ip_forward", "1"),
+    ] {
+        let _ = ns.sysctl(k, v);
+    }
+}
+
+/// Gives `ns` the synthetic node's address ([`crate::NODE_IP`]) on a dummy `eth0`, so the
+/// IPVS proxier finds the same NodePort address the cold render assumes.
+pub(crate) fn add_node_address(ns: &kp_testkit::Netns) -> anyhow::Result<()> {
+    ns.ip(["link", "add", "eth0", "type", "dummy"])?;
+    ns.ip([
+        "addr",
+        "add",
+        &format!("{}/24", crate::NODE_IP),
+        "dev",
+        "eth0",
+    ])?;
+    ns.ip(["link", "set", "eth0", "up"])?;
+    Ok(())
+}
+
+/// The IPVS floor: `ipset restore` of the sets, then `ipvsadm --restore` of the virtual and
+/// real servers, in `ns`; the sum of both (the first failure or timeout otherwise).
+fn ipvs_floor(ns: &kp_testkit::Netns, p: &crate::IpvsPayload, timeout: Duration) -> Timed {
+    let (sets, _) = tool_in(ns, &["ipset", "restore"], &p.ipset, timeout);
+    let Some(a) = sets.ms() else {
+        return sets;
+    };
+    let (servers, _) = tool_in(ns, &["ipvsadm", "--restore"], p.ipvsadm.as_bytes(), timeout);
+    match servers.ms() {
+        Some(b) => Timed::Ok { ms: a + b },
+        None => servers,
+    }
 }
 
 /// Runs `argv` inside `ns` with `stdin`, under `timeout`.
@@ -285,6 +368,7 @@ pub fn floor_argv(mode: Mode) -> Vec<&'static str> {
             vec!["iptables-nft-restore", "--noflush", "--counters"]
         }
         Mode::Nftables => vec!["nft", "-f", "-"],
+        Mode::Ipvs => vec!["ipvsadm", "--restore"],
     }
 }
 
@@ -373,6 +457,7 @@ pub fn control_point(
     let mut payload_bytes = 0;
     let mut payload_lines = 0;
     let mut resync_bytes = 0;
+    let mut ipvs_requests = None;
     for _ in 0..opts.runs.max(1) {
         // Cold render (+ payload) without the kernel.
         let (payload, render) = crate::render_payload(mode, &base);
@@ -382,7 +467,13 @@ pub fn control_point(
 
         // The floor: the tool alone.
         let ns = kp_testkit::Netns::new("cp-floor").context("creating a network namespace")?;
-        let (floor, _) = tool_in(&ns, &floor_argv(mode), payload.as_bytes(), timeout);
+        let floor = if mode == Mode::Ipvs {
+            let (p, _) = crate::ipvs_payload(&base);
+            ipvs_requests = Some(p.requests);
+            ipvs_floor(&ns, &p, timeout)
+        } else {
+            tool_in(&ns, &floor_argv(mode), payload.as_bytes(), timeout).0
+        };
         drop(ns);
         drop(payload);
         let floor_done = floor.ms().is_some();
@@ -399,6 +490,9 @@ pub fn control_point(
 
         // The proxier: cold full sync, full resync, one-Service changes.
         let ns = kp_testkit::Netns::new("cp-sync").context("creating a network namespace")?;
+        if mode == Mode::Ipvs {
+            add_node_address(&ns)?;
+        }
         let mut p = proxier_in(mode, &ns, timeout, crate::POD_CIDR)?;
         let (cold, _) = sync_timed(p.as_mut(), &base, &Changes::default(), timeout);
         let cold_ok = cold.ms().is_some();
@@ -417,7 +511,10 @@ pub fn control_point(
         resync_bytes = rep.map(|r| r.payload_bytes).unwrap_or_default();
         resyncs.push(resync);
 
-        if mode != Mode::Nftables {
+        if mode == Mode::Ipvs {
+            let (t, _) = tool_in(&ns, &["ipvsadm", "-S", "-n"], b"", timeout);
+            saves.push(t);
+        } else if mode != Mode::Nftables {
             let save = if mode == Mode::IptablesLegacy {
                 "iptables-legacy-save"
             } else {
@@ -475,13 +572,14 @@ pub fn control_point(
         resync_bytes,
         save_tool: if saves.is_empty() {
             Timed::Skipped {
-                reason: "not an iptables mode, or nothing loaded".into(),
+                reason: "nftables mode, or nothing loaded".into(),
             }
         } else {
             median_timed(&saves)
         },
         save_parse_ms: median_f(parses),
         save_parse_full_ms: median_f(parses_full),
+        ipvs_requests,
         changes,
         peak_rss_mib,
         state_rss_mib,

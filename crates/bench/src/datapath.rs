@@ -13,6 +13,10 @@
 //! namespace lifetime, so every probe misses conntrack; the connection is then reset
 //! (`SO_LINGER` 0) so nothing lingers in TIME_WAIT.
 //!
+//! IPVS mode has no rule walk: both positions cost the same (a hash lookup), so a run may
+//! measure only `last` ([`DatapathOptions::positions`]), the worst case of the rule-walking
+//! modes.
+//!
 //! Sysctls, set only inside the benchmark's namespaces: client
 //! `net.ipv4.ip_local_port_range = 1024 65000`, `net.ipv4.tcp_tw_reuse = 1`; backends
 //! `net.core.somaxconn = 4096`; node `net.netfilter.nf_conntrack_max = 262144` (where the
@@ -33,7 +37,7 @@ use kp_testkit::{HttpBackend, Netns, Topology};
 use nix::sys::socket::{
     AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, setsockopt, socket, sockopt,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::control::{Timed, proxier_in};
 use crate::{Mode, scale_snapshot};
@@ -55,27 +59,35 @@ pub struct DatapathOptions {
     pub concurrency: usize,
     /// Timeout of each kernel-tool run.
     pub tool_timeout: Duration,
+    /// Positions to probe (`first`, `last`).
+    pub positions: Vec<String>,
+    /// Also run the keepalive requests-per-second measurement (otherwise reported empty).
+    pub keepalive: bool,
 }
 
 /// Latency percentiles in microseconds.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Percentiles {
     /// Successful probes.
     pub n: usize,
     /// Probes that failed (timeout, refused).
     pub failed: usize,
     /// 1st percentile.
+    #[serde(deserialize_with = "crate::report::nan_f64")]
     pub p01_us: f64,
     /// Median.
+    #[serde(deserialize_with = "crate::report::nan_f64")]
     pub p50_us: f64,
     /// 90th percentile.
+    #[serde(deserialize_with = "crate::report::nan_f64")]
     pub p90_us: f64,
     /// 99th percentile.
+    #[serde(deserialize_with = "crate::report::nan_f64")]
     pub p99_us: f64,
 }
 
 /// Requests per second and the CPU it took.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Throughput {
     /// Completed requests.
     pub requests: u64,
@@ -84,21 +96,42 @@ pub struct Throughput {
     /// New TCP connections made.
     pub connections: u64,
     /// Requests per second.
+    #[serde(deserialize_with = "crate::report::nan_f64")]
     pub rps: f64,
     /// Machine-wide busy CPU (user+nice+system+irq+softirq+steal, `/proc/stat`) during the
     /// run, milliseconds.
+    #[serde(deserialize_with = "crate::report::nan_f64")]
     pub cpu_busy_ms: f64,
     /// Of which system time.
+    #[serde(deserialize_with = "crate::report::nan_f64")]
     pub cpu_system_ms: f64,
     /// Of which softirq time.
+    #[serde(deserialize_with = "crate::report::nan_f64")]
     pub cpu_softirq_ms: f64,
     /// Busy CPU per 1,000 new connections (close mode) or per 1,000 requests (keepalive),
     /// milliseconds.
+    #[serde(deserialize_with = "crate::report::nan_f64")]
     pub cpu_ms_per_1k: f64,
 }
 
+impl Throughput {
+    /// A measurement that was not run (zero requests, NaN rates).
+    pub fn not_measured() -> Throughput {
+        Throughput {
+            requests: 0,
+            failed: 0,
+            connections: 0,
+            rps: f64::NAN,
+            cpu_busy_ms: f64::NAN,
+            cpu_system_ms: f64::NAN,
+            cpu_softirq_ms: f64::NAN,
+            cpu_ms_per_1k: f64::NAN,
+        }
+    }
+}
+
 /// One position (first or last) of one mode at one size.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PositionResult {
     /// `first` or `last` in KUBE-SERVICES order.
     pub position: String,
@@ -113,7 +146,7 @@ pub struct PositionResult {
 }
 
 /// The datapath results of one mode at one size.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DatapathPoint {
     /// Mode label.
     pub mode: String,
@@ -446,6 +479,9 @@ pub fn datapath_point(
     if load.ms().is_some() {
         let mut port_base = PROBE_PORT_BASE;
         for (position, ip) in &probed {
+            if !opts.positions.iter().any(|p| p == position) {
+                continue;
+            }
             let IpAddr::V4(v4) = ip else { continue };
             let target = SocketAddrV4::new(*v4, SERVICE_PORT);
             // Warm up (ARP, backend threads), from ephemeral ports.
@@ -454,13 +490,17 @@ pub fn datapath_point(
             }
             let connect = latency(topo.client(), target, opts.probes, port_base);
             port_base = port_base.wrapping_add(opts.probes as u16 + 1);
-            let keepalive = throughput(
-                topo.client(),
-                target.into(),
-                true,
-                opts.concurrency,
-                opts.rps_seconds,
-            );
+            let keepalive = if opts.keepalive {
+                throughput(
+                    topo.client(),
+                    target.into(),
+                    true,
+                    opts.concurrency,
+                    opts.rps_seconds,
+                )
+            } else {
+                Throughput::not_measured()
+            };
             let close = throughput(
                 topo.client(),
                 target.into(),

@@ -54,30 +54,51 @@ pub enum Mode {
     IptablesNftZero,
     /// nftables mode, `nft -f`.
     Nftables,
+    /// IPVS mode: virtual servers over generic netlink, kube-ipvs0 addresses over rtnetlink,
+    /// `ipset restore`, and a fixed handful of rules through `iptables-legacy-restore`. Needs
+    /// a kernel with IPVS and dummy links (the qemu guest of [`kp_testkit::vm`] here).
+    Ipvs,
 }
 
 impl Mode {
     /// Every mode, in report order.
-    pub const ALL: [Mode; 4] = [
+    pub const ALL: [Mode; 5] = [
+        Mode::IptablesLegacy,
+        Mode::IptablesNft,
+        Mode::IptablesNftZero,
+        Mode::Nftables,
+        Mode::Ipvs,
+    ];
+
+    /// The modes any kernel with netfilter can run (every mode but [`Mode::Ipvs`]): the
+    /// default of `kp-bench all` on a host without IPVS.
+    pub const HOST: [Mode; 4] = [
         Mode::IptablesLegacy,
         Mode::IptablesNft,
         Mode::IptablesNftZero,
         Mode::Nftables,
     ];
 
-    /// `iptables-legacy`, `iptables-nft`, `iptables-nft-zero`, `nftables`.
+    /// The modes `kp-bench vm` compares inside the guest: one of each kind.
+    pub const VM: [Mode; 3] = [Mode::IptablesLegacy, Mode::Nftables, Mode::Ipvs];
+
+    /// `iptables-legacy`, `iptables-nft`, `iptables-nft-zero`, `nftables`, `ipvs`.
     pub fn label(self) -> &'static str {
         match self {
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::IptablesNft => "iptables-nft",
             Mode::IptablesNftZero => "iptables-nft-zero",
             Mode::Nftables => "nftables",
+            Mode::Ipvs => "ipvs",
         }
     }
 
     /// Whether this is iptables mode (any backend).
     pub fn is_iptables(self) -> bool {
-        self != Mode::Nftables
+        matches!(
+            self,
+            Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesNftZero
+        )
     }
 
     /// Parses a [`Mode::label`].
@@ -91,6 +112,10 @@ impl Mode {
 pub fn render_payload(mode: Mode, snap: &Snapshot) -> (String, Duration) {
     match mode {
         Mode::Nftables => render_fresh(snap),
+        Mode::Ipvs => {
+            let (p, took) = ipvs_payload(snap);
+            (p.text(), took)
+        }
         Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesNftZero => {
             let cfg = iptables_render_config();
             let t = Instant::now();
@@ -104,6 +129,130 @@ pub fn render_payload(mode: Mode, snap: &Snapshot) -> (String, Duration) {
             (payload, t.elapsed())
         }
     }
+}
+
+/// The cold IPVS-mode payload of a snapshot, in the kernel tools' text forms.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpvsPayload {
+    /// `ipvsadm --restore` input: the virtual and real servers ([`kp_netlink::ipvs::save_text`]).
+    pub ipvsadm: String,
+    /// `ipset restore` input: upstream's sets with their entries.
+    pub ipset: Vec<u8>,
+    /// The fixed iptables rules (filter and nat), `iptables-restore` input.
+    pub iptables: String,
+    /// IPVS netlink requests a cold sync sends: one per virtual server and real server.
+    pub requests: usize,
+    /// Addresses bound to kube-ipvs0.
+    pub addresses: usize,
+}
+
+impl IpvsPayload {
+    /// The three payloads one after the other (for `kp-bench dump` and the byte counts).
+    pub fn text(&self) -> String {
+        format!(
+            "# ipvsadm --restore\n{}# ipset restore\n{}# iptables-restore\n{}",
+            self.ipvsadm,
+            String::from_utf8_lossy(&self.ipset),
+            self.iptables
+        )
+    }
+}
+
+/// The node address of the synthetic cluster (a NodePort gets a virtual server on it).
+pub const NODE_IP: Ipv4Addr = Ipv4Addr::new(192, 168, 56, 10);
+
+/// The IPVS render settings the benchmark uses: the defaults (`rr`), ClusterCIDR detection
+/// with `cluster_cidr`, NodePorts on [`NODE_IP`], as the proxier resolves them in a namespace
+/// whose only non-loopback address is [`NODE_IP`].
+pub fn ipvs_render_config(cluster_cidr: IpNet) -> kp_proxier::ipvs::render::RenderConfig {
+    let node = IpAddr::V4(NODE_IP);
+    kp_proxier::ipvs::render::RenderConfig {
+        local: LocalDetector::Cidrs(vec![cluster_cidr]).for_family(IpFamily::V4, &[]),
+        nodeport_ips: vec![node],
+        other_addresses: [IpAddr::V4(Ipv4Addr::LOCALHOST), node].into(),
+        node_ip: Some(node),
+        ..kp_proxier::ipvs::render::RenderConfig::default()
+    }
+}
+
+/// The ipset spec of one of upstream's IPVS-mode sets (IPv4), as the proxier creates it.
+pub fn ipvs_set_spec(set: kp_proxier::ipvs::names::KubeSet) -> kp_netfilter::ipset::SetSpec {
+    use kp_netfilter::ipset::{SetFamily, SetKind, SetSpec};
+    use kp_proxier::ipvs::names::SetType;
+    let name = set.name(IpFamily::V4);
+    let kind = match set.set_type() {
+        SetType::HashIp => SetKind::HashIp,
+        SetType::HashIpPort => SetKind::HashIpPort,
+        SetType::HashIpPortIp => SetKind::HashIpPortIp,
+        SetType::HashIpPortNet => SetKind::HashIpPortNet,
+        SetType::BitmapPort => return SetSpec::bitmap_port(name, (0, 65535)),
+    };
+    SetSpec::hash(name, kind, SetFamily::Inet)
+}
+
+/// Renders the cold IPVS-mode payload of `snap` (render plus the three texts, no kernel) and
+/// the time it took.
+pub fn ipvs_payload(snap: &Snapshot) -> (IpvsPayload, Duration) {
+    use kp_netlink::ipvs::{RealServer, ServiceKey, VirtualServer};
+    use kp_proxier::ipvs::names::{FILTER_CHAINS, KubeSet, NAT_CHAINS};
+    let cfg = ipvs_render_config(pod_cidr());
+    let t = Instant::now();
+    let r = kp_proxier::ipvs::render::render(snap, &cfg);
+    let mut requests = 0;
+    let services: Vec<(VirtualServer, Vec<RealServer>)> = r
+        .virtual_servers
+        .iter()
+        .map(|(k, spec)| {
+            let key = ServiceKey::new(
+                k.addr,
+                kp_proxier::ipvs::render::proto_number(k.protocol),
+                k.port,
+            );
+            let mut vs = VirtualServer::new(key, &cfg.scheduler);
+            if let Some(t) = spec.persistent_timeout {
+                vs = vs.persistent(t);
+            }
+            let reals: Vec<RealServer> = spec
+                .real_servers
+                .iter()
+                .map(|rs| RealServer::new(rs.ip(), rs.port(), 1))
+                .collect();
+            requests += 1 + reals.len();
+            (vs, reals)
+        })
+        .collect();
+    let ipvsadm = kp_netlink::ipvs::save_text(&services);
+    let desired: Vec<kp_netfilter::ipset::SetState> = KubeSet::ALL
+        .iter()
+        .map(|s| kp_netfilter::ipset::SetState {
+            spec: ipvs_set_spec(*s),
+            entries: r.sets.get(s).cloned().unwrap_or_default(),
+        })
+        .collect();
+    let ipset = kp_netfilter::ipset::diff(&desired, &[]);
+    let mut iptables = String::new();
+    for (table, chains, rules) in [
+        ("filter", FILTER_CHAINS, &r.filter_rules),
+        ("nat", NAT_CHAINS, &r.nat_rules),
+    ] {
+        iptables.push_str(&format!("*{table}\n"));
+        for c in chains {
+            iptables.push_str(&format!(":{c} - [0:0]\n"));
+        }
+        iptables.push_str(rules);
+        iptables.push_str("COMMIT\n");
+    }
+    let took = t.elapsed();
+    (
+        IpvsPayload {
+            ipvsadm,
+            ipset,
+            iptables,
+            requests,
+            addresses: r.bind_addrs.len(),
+        },
+        took,
+    )
 }
 
 /// The iptables render settings the benchmark uses: ClusterCIDR detection with
@@ -431,6 +580,11 @@ pub struct AllOptions {
     pub tool_timeout: Duration,
     /// The `kp-bench` binary for the RSS child (`None`: RSS not measured).
     pub rss_binary: Option<std::path::PathBuf>,
+    /// Datapath positions of the probed Service to measure: `first` and/or `last` in
+    /// KUBE-SERVICES order.
+    pub positions: Vec<String>,
+    /// Also measure requests per second on kept-alive connections.
+    pub keepalive: bool,
     /// Quick mode (recorded in the report).
     pub quick: bool,
     /// The command line (recorded in the report).
@@ -441,7 +595,7 @@ impl AllOptions {
     /// The full run: 100, 1k, 5k, 10k Services, 3 runs, 2,000 probes, 10-minute timeouts.
     pub fn full() -> Self {
         AllOptions {
-            modes: Mode::ALL.to_vec(),
+            modes: Mode::HOST.to_vec(),
             control_sizes: vec![100, 1000, 5000, 10_000],
             datapath_sizes: vec![0, 1000, 5000, 10_000],
             runs: 3,
@@ -450,8 +604,30 @@ impl AllOptions {
             concurrency: 4,
             tool_timeout: Duration::from_secs(600),
             rss_binary: None,
+            positions: vec!["first".into(), "last".into()],
+            keepalive: true,
             quick: false,
             command: String::new(),
+        }
+    }
+
+    /// The defaults of `kp-bench vm` (inside the emulated guest, ~15-20 minutes): the three
+    /// [`Mode::VM`] modes; control plane at 1,000 Services, one run; datapath at 0, 1k, 5k
+    /// and 10k background Services, the probed Service last only, 300 probes, 2 s of
+    /// new-connection requests for the CPU per connection, no keepalive run; 10-minute tool
+    /// timeouts.
+    pub fn vm() -> Self {
+        AllOptions {
+            modes: Mode::VM.to_vec(),
+            control_sizes: vec![1000],
+            runs: 1,
+            probes: 300,
+            rps_seconds: 2.0,
+            concurrency: 2,
+            tool_timeout: Duration::from_secs(600),
+            positions: vec!["last".into()],
+            keepalive: false,
+            ..AllOptions::full()
         }
     }
 
@@ -524,6 +700,8 @@ pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
         rps_seconds: opts.rps_seconds,
         concurrency: opts.concurrency,
         tool_timeout: opts.tool_timeout,
+        positions: opts.positions.clone(),
+        keepalive: opts.keepalive,
     };
     let mut datapath_points = Vec::new();
     for &n in &opts.datapath_sizes {
@@ -559,6 +737,7 @@ pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
         duration_s: started.elapsed().as_secs_f64(),
         quick: opts.quick,
         machine: report::MachineInfo::read(),
+        environment: kp_testkit::vm::in_guest().then(|| report::GUEST_NOTE.to_string()),
         control: control_points,
         datapath: datapath_points,
     })

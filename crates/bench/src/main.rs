@@ -4,6 +4,7 @@
 //! ```text
 //! kp-bench all --out docs/benchmarks          # the full suite, every mode, side by side
 //! kp-bench all --quick --out /tmp/kp-bench    # the CI sizes
+//! kp-bench vm --out docs/benchmarks/vm        # iptables-legacy, nftables, ipvs in the qemu guest
 //! kp-bench dump --mode iptables-legacy --services 10000 > payload.txt
 //! kp-bench nft-scale --services 10000 --endpoints 10 --runs 3
 //! ```
@@ -56,6 +57,62 @@ enum Command {
         /// Timeout of each kernel-tool run, seconds.
         #[arg(long)]
         tool_timeout: Option<u64>,
+        /// Datapath positions to probe (comma-separated: first, last).
+        #[arg(long, value_delimiter = ',')]
+        positions: Vec<String>,
+        /// No control-plane points (datapath only).
+        #[arg(long)]
+        no_control: bool,
+        /// Skip the keepalive requests-per-second runs.
+        #[arg(long)]
+        no_keepalive: bool,
+        /// Start from the defaults of `kp-bench vm` (the guest's sizes) instead of the full run.
+        #[arg(long)]
+        vm_defaults: bool,
+        /// Print the report as one JSON line (prefixed `KP-BENCH-REPORT `) on stdout instead
+        /// of writing files (how `kp-bench vm` gets the guest's report).
+        #[arg(long)]
+        json_stdout: bool,
+    },
+    /// The modes side by side INSIDE the qemu guest of kp_testkit::vm (a kernel with IPVS):
+    /// iptables-legacy, nftables and ipvs by default, so their ratios come from one kernel.
+    /// Absolute numbers are emulated and not comparable to the host's. Boots once, runs
+    /// `kp-bench all --vm-defaults` there, and writes the report into --out. Needs root and
+    /// `scripts/install-deps`.
+    Vm {
+        /// Output directory.
+        #[arg(long, default_value = "docs/benchmarks/vm")]
+        out: PathBuf,
+        /// Modes (comma-separated labels); default iptables-legacy,nftables,ipvs.
+        #[arg(long, value_delimiter = ',')]
+        modes: Vec<String>,
+        /// Control-plane sizes (comma-separated; default 1000; `none`: datapath only).
+        #[arg(long, value_delimiter = ',')]
+        control_sizes: Vec<String>,
+        /// Datapath sizes (comma-separated background Services; default 0,1000,5000,10000).
+        #[arg(long, value_delimiter = ',')]
+        datapath_sizes: Vec<usize>,
+        /// Control-plane runs per point (default 1).
+        #[arg(long)]
+        runs: Option<usize>,
+        /// Latency probes per datapath point and position (default 300).
+        #[arg(long)]
+        probes: Option<usize>,
+        /// Seconds of the new-connection requests run that measures CPU (default 2).
+        #[arg(long)]
+        rps_seconds: Option<f64>,
+        /// Timeout of each kernel-tool run in the guest, seconds (default 600).
+        #[arg(long)]
+        tool_timeout: Option<u64>,
+        /// Datapath positions (comma-separated; default last).
+        #[arg(long, value_delimiter = ',')]
+        positions: Vec<String>,
+        /// The guest's timeout, minutes.
+        #[arg(long, default_value_t = 40)]
+        timeout_min: u64,
+        /// Guest memory, MiB.
+        #[arg(long, default_value_t = 3072)]
+        memory_mib: u32,
     },
     /// Child process of `all`: builds the tracker state for N Services, runs one full sync
     /// of MODE into a fresh namespace and prints its peak RSS (VmHWM).
@@ -108,7 +165,9 @@ fn ms(d: Duration) -> String {
 
 fn mode(label: &str) -> anyhow::Result<Mode> {
     Mode::parse(label).with_context(|| {
-        format!("unknown mode {label:?} (iptables-legacy, iptables-nft, nftables)")
+        format!(
+            "unknown mode {label:?} (iptables-legacy, iptables-nft, iptables-nft-zero, nftables, ipvs)"
+        )
     })
 }
 
@@ -125,6 +184,11 @@ fn main() -> anyhow::Result<()> {
             probes,
             rps_seconds,
             tool_timeout,
+            positions,
+            no_keepalive,
+            no_control,
+            vm_defaults,
+            json_stdout,
         } => {
             if !nix_is_root() {
                 bail!(
@@ -133,9 +197,17 @@ fn main() -> anyhow::Result<()> {
             }
             let mut opts = if quick {
                 AllOptions::quick()
+            } else if vm_defaults {
+                AllOptions::vm()
             } else {
                 AllOptions::full()
             };
+            if !positions.is_empty() {
+                opts.positions = positions;
+            }
+            if no_keepalive {
+                opts.keepalive = false;
+            }
             if !modes.is_empty() {
                 opts.modes = modes
                     .iter()
@@ -144,6 +216,9 @@ fn main() -> anyhow::Result<()> {
             }
             if !control_sizes.is_empty() {
                 opts.control_sizes = control_sizes;
+            }
+            if no_control {
+                opts.control_sizes.clear();
             }
             if !datapath_sizes.is_empty() {
                 opts.datapath_sizes = datapath_sizes;
@@ -157,6 +232,101 @@ fn main() -> anyhow::Result<()> {
             opts.rss_binary = std::env::current_exe().ok();
             opts.command = std::env::args().collect::<Vec<_>>().join(" ");
             let report = kp_bench::run_all(&opts)?;
+            if json_stdout {
+                println!(
+                    "{REPORT_PREFIX}{}",
+                    serde_json::to_string(&report).context("serializing the report")?
+                );
+                return Ok(());
+            }
+            for p in report.write(&out)? {
+                println!("wrote {}", p.display());
+            }
+            Ok(())
+        }
+        Command::Vm {
+            out,
+            modes,
+            control_sizes,
+            datapath_sizes,
+            runs,
+            probes,
+            rps_seconds,
+            tool_timeout,
+            positions,
+            timeout_min,
+            memory_mib,
+        } => {
+            let mut args: Vec<String> =
+                vec!["all".into(), "--vm-defaults".into(), "--json-stdout".into()];
+            let list = |args: &mut Vec<String>, flag: &str, v: Vec<String>| {
+                if !v.is_empty() {
+                    args.push(format!("--{flag}={}", v.join(",")));
+                }
+            };
+            for m in &modes {
+                mode(m)?;
+            }
+            list(&mut args, "modes", modes);
+            if control_sizes.iter().any(|s| s == "none") {
+                args.push("--no-control".into());
+            } else {
+                for s in &control_sizes {
+                    s.parse::<usize>()
+                        .with_context(|| format!("--control-sizes: {s:?} is not a number"))?;
+                }
+                list(&mut args, "control-sizes", control_sizes);
+            }
+            list(
+                &mut args,
+                "datapath-sizes",
+                datapath_sizes.iter().map(ToString::to_string).collect(),
+            );
+            list(&mut args, "positions", positions);
+            for (flag, v) in [
+                ("runs", runs.map(|v| v.to_string())),
+                ("probes", probes.map(|v| v.to_string())),
+                ("rps-seconds", rps_seconds.map(|v| v.to_string())),
+                ("tool-timeout", tool_timeout.map(|v| v.to_string())),
+            ] {
+                if let Some(v) = v {
+                    args.push(format!("--{flag}={v}"));
+                }
+            }
+            let exe = std::env::current_exe().context("finding this executable")?;
+            eprintln!(
+                "kp-bench vm: booting the guest: {} {}",
+                exe.display(),
+                args.join(" ")
+            );
+            let guest = kp_testkit::vm::GuestCommand::new(&exe)
+                .args(&args)
+                .timeout(Duration::from_secs(timeout_min * 60))
+                .memory_mib(memory_mib)
+                .stream(true)
+                .run()
+                .context("running the benchmark in the qemu guest (see docs/vm.md)")?;
+            eprintln!(
+                "kp-bench vm: guest exit code {}; boot {:.1} s, total {:.1} s",
+                guest.code,
+                guest.boot.as_secs_f64(),
+                guest.elapsed.as_secs_f64()
+            );
+            let text = guest.stdout_text();
+            let Some(json) = text.lines().find_map(|l| l.strip_prefix(REPORT_PREFIX)) else {
+                bail!(
+                    "the guest printed no report (exit code {}); its stderr ends:\n{}",
+                    guest.code,
+                    tail(&guest.stderr_text(), 3000)
+                );
+            };
+            let mut report: kp_bench::report::RunReport =
+                serde_json::from_str(json).context("reading the guest's report")?;
+            report.command = format!(
+                "{} (in the guest: {})",
+                std::env::args().collect::<Vec<_>>().join(" "),
+                report.command
+            );
             for p in report.write(&out)? {
                 println!("wrote {}", p.display());
             }
@@ -248,6 +418,17 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// The prefix of the report line `all --json-stdout` prints.
+const REPORT_PREFIX: &str = "KP-BENCH-REPORT ";
+
+fn tail(s: &str, n: usize) -> &str {
+    let start = s.len().saturating_sub(n);
+    let start = (start..=s.len())
+        .find(|i| s.is_char_boundary(*i))
+        .unwrap_or(s.len());
+    &s[start..]
 }
 
 fn nix_is_root() -> bool {

@@ -1,5 +1,10 @@
 //! Outputs of `kp-bench all`: `results.json`, `results.md` (Markdown tables), SVG charts
 //! (plotters, SVG backend) and `machine.md` (lscpu, uname, tool versions).
+//!
+//! A report made in the qemu guest (`kp-bench vm`) says so ([`RunReport::environment`]) and
+//! adds two charts of the rule-walking cost against IPVS: `ipvs-vm-datapath.svg` (connect
+//! p50) and `ipvs-vm-cpu.svg` (CPU per 1,000 new connections). Reports round-trip through
+//! JSON (the guest prints its report on stdout; NaN, written as `null`, reads back as NaN).
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -7,13 +12,26 @@ use std::process::Command;
 
 use anyhow::Context;
 use plotters::prelude::*;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::control::{ControlPoint, fmt_ms};
 use crate::datapath::DatapathPoint;
 
+/// What a report made inside the guest says about itself.
+pub const GUEST_NOTE: &str = "measured inside the kp_testkit::vm qemu guest (TCG software \
+emulation, 1 vCPU, Debian's kernel): absolute numbers are not comparable to the host's; \
+compare the modes with each other, within this run";
+
+/// Reads an `f64` that JSON may hold as `null` (how serde_json writes NaN) as NaN.
+///
+/// # Errors
+/// The value is neither a number nor `null`.
+pub fn nan_f64<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
 /// The machine a run happened on.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct MachineInfo {
     /// `uname -a`.
     pub uname: String,
@@ -72,22 +90,40 @@ impl MachineInfo {
 }
 
 /// Everything one `kp-bench all` run measured.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunReport {
     /// The command line.
     pub command: String,
     /// When it started (seconds since the Unix epoch).
     pub started_unix: u64,
     /// Wall time of the whole run, seconds.
+    #[serde(deserialize_with = "crate::report::nan_f64")]
     pub duration_s: f64,
     /// Quick mode (CI sizes).
     pub quick: bool,
     /// The machine.
     pub machine: MachineInfo,
+    /// Where the run happened, when not directly on the machine ([`GUEST_NOTE`] in the
+    /// guest).
+    #[serde(default)]
+    pub environment: Option<String>,
     /// Control-plane points.
     pub control: Vec<ControlPoint>,
     /// Datapath points.
     pub datapath: Vec<DatapathPoint>,
+}
+
+/// A number with no decimals, `–` when not measured (NaN).
+struct Num(f64);
+
+impl std::fmt::Display for Num {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_finite() {
+            write!(f, "{:.0}", self.0)
+        } else {
+            f.write_str("–")
+        }
+    }
 }
 
 fn opt_ms(v: Option<f64>) -> String {
@@ -113,6 +149,9 @@ impl RunReport {
             "# kp-bench results\n\nCommand: `{}` ({:.0} s). Machine: see `machine.md`.\n",
             self.command, self.duration_s
         );
+        if let Some(env) = &self.environment {
+            let _ = writeln!(s, "**Environment: {env}.**\n");
+        }
         let _ = writeln!(
             s,
             "## Control plane (Services × 10 endpoints, medians)\n\n\
@@ -141,6 +180,15 @@ impl RunReport {
                     (Some(p), Some(st)) => format!("{p:.1} MiB ({st:.1})"),
                     _ => "–".into(),
                 },
+            );
+        }
+        for c in self.control.iter().filter(|c| c.ipvs_requests.is_some()) {
+            let _ = writeln!(
+                s,
+                "\n{} at {} Services: {} IPVS netlink requests in the cold sync; the floor is `ipset restore` + `ipvsadm --restore` of the same content, the save column `ipvsadm -S -n`.",
+                c.mode,
+                c.services,
+                c.ipvs_requests.unwrap_or_default()
             );
         }
         let _ = writeln!(
@@ -182,7 +230,7 @@ impl RunReport {
             for p in &d.positions {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {} | {:.0} µs | {:.0} µs | {:.0} µs | {} ({}) | {:.0} | {:.0} | {:.0} ({:.0}, {:.0}) |",
+                    "| {} | {} | {} | {:.0} µs | {:.0} µs | {:.0} µs | {} ({}) | {} | {:.0} | {:.0} ({:.0}, {:.0}) |",
                     d.mode,
                     d.services,
                     p.position,
@@ -191,7 +239,7 @@ impl RunReport {
                     p.connect.p99_us,
                     p.connect.n,
                     p.connect.failed,
-                    p.keepalive.rps,
+                    Num(p.keepalive.rps),
                     p.close.rps,
                     p.close.cpu_ms_per_1k,
                     p.close.cpu_system_ms / (p.close.connections.max(1) as f64) * 1000.0,
@@ -223,6 +271,14 @@ impl RunReport {
             let p = dir.join(name);
             line_chart(&p, title, y, &series)?;
             written.push(p);
+        }
+        if self.environment.is_some() && self.datapath.iter().any(|d| d.mode == "ipvs") {
+            for (name, title, y, f) in vm_charts() {
+                let series = self.series(f);
+                let p = dir.join(name);
+                line_chart(&p, title, y, &series)?;
+                written.push(p);
+            }
         }
         Ok(written)
     }
@@ -285,6 +341,23 @@ fn charts() -> [Chart; 4] {
             "Requests/s, a new connection per request, vs Services",
             "requests per second",
             |p| p.close.rps,
+        ),
+    ]
+}
+
+fn vm_charts() -> [Chart; 2] {
+    [
+        (
+            "ipvs-vm-datapath.svg",
+            "In the qemu guest: new-connection latency p50 vs Services",
+            "connect p50 (µs, emulated)",
+            |p| p.connect.p50_us,
+        ),
+        (
+            "ipvs-vm-cpu.svg",
+            "In the qemu guest: CPU per 1,000 new connections vs Services",
+            "CPU ms per 1k connections (emulated vCPU)",
+            |p| p.close.cpu_ms_per_1k,
         ),
     ]
 }

@@ -34,7 +34,7 @@ fn quick_benchmark_produces_sane_outputs() {
         assert!(!text.is_empty(), "{name} is empty");
         if name.ends_with(".svg") {
             assert!(text.contains("<svg"), "{name} is an SVG");
-            for m in kp_bench::Mode::ALL {
+            for m in kp_bench::Mode::HOST {
                 assert!(
                     text.contains(m.label()),
                     "{name} has a line for {}",
@@ -46,10 +46,10 @@ fn quick_benchmark_produces_sane_outputs() {
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.path().join("results.json")).unwrap())
             .expect("results.json parses");
-    let modes = kp_bench::Mode::ALL.len();
+    let modes = kp_bench::Mode::HOST.len();
     assert_eq!(json["control"].as_array().map(Vec::len), Some(modes));
     let md = std::fs::read_to_string(dir.path().join("results.md")).unwrap();
-    for m in kp_bench::Mode::ALL {
+    for m in kp_bench::Mode::HOST {
         assert!(md.contains(m.label()), "results.md mentions {}", m.label());
     }
     assert!(
