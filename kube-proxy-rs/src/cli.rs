@@ -28,8 +28,9 @@ pub enum Command {
     /// Build a network-namespace sandbox (client, node, backends), run the proxy in it, send
     /// requests to every Service and report which backends answered. Needs root.
     Sandbox(SandboxArgs),
-    /// Explain where a packet goes through iptables rules: this node's (`--live`) or a dump
-    /// from any kube-proxy (`--rules FILE`, `iptables-save` output, partial dumps accepted).
+    /// Explain where a packet goes through a node's rules (iptables, nftables or IPVS mode):
+    /// this node's (`--live`) or dumps from any kube-proxy (`--rules FILE`: `iptables-save`,
+    /// partial dumps accepted, or nft; IPVS mode adds `--ipsets` and `--ipvs`).
     Trace(TraceArgs),
 }
 
@@ -145,7 +146,8 @@ pub enum ProxyModeArg {
     /// nftables: table `kube-proxy` (families ip and ip6), verdict maps, one `nft -f`
     /// transaction per sync.
     Nftables,
-    /// IPVS virtual servers (not implemented yet).
+    /// IPVS virtual servers, kube-ipvs0 and ipsets (falls back to iptables mode, with an
+    /// error naming what is missing, when the kernel lacks IPVS).
     Ipvs,
 }
 
@@ -298,13 +300,14 @@ pub struct ProxyArgs {
     #[arg(long)]
     pub iptables_zero_counters_on_full_sync: bool,
 
-    /// Remove every rule and chain the proxy created (iptables chains of both backends and the
-    /// nftables tables `ip kube-proxy` / `ip6 kube-proxy`), then exit.
+    /// Remove everything the proxy created in every mode (iptables chains of both backends,
+    /// the nftables tables `ip kube-proxy` / `ip6 kube-proxy`, IPVS virtual servers, ipsets
+    /// and kube-ipvs0), then exit. Not with --dry-run.
     #[arg(long)]
     pub cleanup: bool,
 
-    /// Print the iptables-restore (or `nft -f`) input a fresh node would receive, change
-    /// nothing, exit.
+    /// Print what a fresh node would receive (the iptables-restore or `nft -f` input; in IPVS
+    /// mode also the ipset payload and the IPVS table), change nothing, exit.
     #[arg(long)]
     pub dry_run: bool,
 

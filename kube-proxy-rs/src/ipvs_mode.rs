@@ -38,6 +38,16 @@ pub fn ipvs_config(args: &ProxyArgs, local_detector: LocalDetector) -> anyhow::R
             SCHEDULERS.join(", ")
         );
     }
+    if args.compat.ipvs_sync_period.is_zero() {
+        bail!("--ipvs-sync-period must be greater than 0");
+    }
+    if args.compat.ipvs_min_sync_period > args.compat.ipvs_sync_period {
+        bail!(
+            "--ipvs-min-sync-period {:?} must not be longer than --ipvs-sync-period {:?}",
+            args.compat.ipvs_min_sync_period,
+            args.compat.ipvs_sync_period
+        );
+    }
     let mut exclude_cidrs = Vec::new();
     for c in args
         .compat

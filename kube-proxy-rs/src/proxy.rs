@@ -252,7 +252,16 @@ fn cleanup(backend: Backend, ipvs_exclude: &[IpNet]) -> anyhow::Result<()> {
 /// At start, removes what the other mode left, so a node can switch modes without a reboot
 /// (upstream does the same): iptables chains when starting in nftables mode, the nftables
 /// tables when starting in iptables mode. Failures are logged; the proxy starts anyway.
-fn remove_other_mode(mode: ProxyModeArg, backend: Backend, ipvs_exclude: &[IpNet]) {
+///
+/// After a fallback from IPVS mode (`ipvs_fallback`), IPVS mode's objects are left in place:
+/// the operator asked for IPVS mode, and its next start, once the node has what it lacks,
+/// takes them over.
+fn remove_other_mode(
+    mode: ProxyModeArg,
+    backend: Backend,
+    ipvs_exclude: &[IpNet],
+    ipvs_fallback: bool,
+) {
     let nftables = || {
         if let Ok(n) = cleanup_nftables()
             && n > 0
@@ -280,7 +289,13 @@ fn remove_other_mode(mode: ProxyModeArg, backend: Backend, ipvs_exclude: &[IpNet
             // IPVS mode shares chains with iptables mode and fills them with ipset matches;
             // an earlier IPVS run is removed whole first (its sets and virtual servers with
             // it), then iptables mode writes its own.
-            if crate::ipvs_mode::has_leftovers() {
+            if ipvs_fallback {
+                if crate::ipvs_mode::has_leftovers() {
+                    warn!(
+                        "IPVS-mode objects of an earlier run are left in place (fallback from IPVS mode); --cleanup removes them"
+                    );
+                }
+            } else if crate::ipvs_mode::has_leftovers() {
                 let _ = cleanup_iptables(backend);
                 if let Ok(true) = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true) {
                     info!(
@@ -358,7 +373,13 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     let detector = local_detector(&args)?;
     let ipt_cfg = iptables_config(&args, detector.clone())?;
     let nft_cfg = nftables_config(&args, detector.clone())?;
-    let ipvs_cfg = crate::ipvs_mode::ipvs_config(&args, detector)?;
+    // IPVS settings are checked only in IPVS mode, as upstream (a leftover typo must not stop
+    // iptables mode); cleanup needs only the exclude list.
+    let ipvs_cfg = if args.proxy_mode == ProxyModeArg::Ipvs {
+        crate::ipvs_mode::ipvs_config(&args, detector)?
+    } else {
+        crate::ipvs_mode::ipvs_config(&args, detector).unwrap_or_default()
+    };
     let backend = backend(args.iptables_backend);
     if !args.dry_run && !has_net_admin() {
         bail!(
@@ -366,6 +387,11 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         );
     }
     if args.cleanup {
+        if args.dry_run {
+            bail!(
+                "--cleanup removes rules; it has no --dry-run (iptables-save, nft list ruleset, ipset list and ipvsadm -Ln show what it would remove)"
+            );
+        }
         return cleanup(backend, &ipvs_cfg.exclude_cidrs);
     }
     // IPVS mode needs kernel features and a tool; without them fall back to iptables mode
@@ -381,6 +407,14 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             );
             args.proxy_mode = ProxyModeArg::Iptables;
         }
+    }
+    if args.proxy_mode == ProxyModeArg::Ipvs
+        && args.dry_run
+        && kp_netlink::ipvs::Ipvs::new().is_err()
+    {
+        warn!(
+            "dry run: this kernel has no IPVS, so the daemon would fall back to iptables mode here; printing what IPVS mode writes on a node that has it"
+        );
     }
     let nft_mode = args.proxy_mode == ProxyModeArg::Nftables;
     let ipvs_mode = args.proxy_mode == ProxyModeArg::Ipvs;
@@ -428,7 +462,12 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         crate::nodesetup::apply_conntrack(&conntrack);
     }
     if !args.dry_run {
-        remove_other_mode(args.proxy_mode, backend, &ipvs_cfg.exclude_cidrs);
+        remove_other_mode(
+            args.proxy_mode,
+            backend,
+            &ipvs_cfg.exclude_cidrs,
+            !ipvs_fallback.is_empty(),
+        );
     }
 
     let families = families(args.proxy_mode, args.dry_run);

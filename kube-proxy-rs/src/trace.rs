@@ -42,7 +42,8 @@ const LOCALNET_GUARD: &str = "block incoming localnet connections";
 /// `trace --mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TraceMode {
-    /// A dump: by its format; live: nftables if kube-proxy's nft table exists, else iptables.
+    /// A dump: by its format (IPVS mode with `--ipvs`); live: nftables if kube-proxy's nft
+    /// table exists, else IPVS if the node has virtual servers, else iptables.
     Auto,
     /// iptables rules (`iptables-save`).
     Iptables,

@@ -1111,6 +1111,9 @@ fn ipvs_mode_without_ipvs_falls_back_to_iptables_mode() {
     ];
     args.extend(NODE_ARGS);
     let has_ipvs = kp_testkit::vm::host_has_ipvs();
+    // An ipset an earlier IPVS-mode run left: a fallback keeps it.
+    node.run("ipset", ["create", "KUBE-CLUSTER-IP", "hash:ip,port"])
+        .unwrap();
     // `--proxy-mode=ipvs` in `args` comes after the iptables default.
     let mut proxy = Daemon::start(Mode::Iptables, node, dir.path(), &args, None);
     let get = |path: &str| {
@@ -1149,6 +1152,13 @@ fn ipvs_mode_without_ipvs_falls_back_to_iptables_mode() {
         log.contains("IPVS mode cannot run on this node: falling back to iptables mode")
             && log.contains("the kernel's IPVS (ip_vs)"),
         "{log}"
+    );
+    assert!(log.contains("left in place"), "{log}");
+    assert!(
+        node.run("ipset", ["list", "-n"])
+            .unwrap_or_default()
+            .contains("KUBE-CLUSTER-IP"),
+        "the fallback removed IPVS mode's ipset"
     );
     // iptables mode serves the seed's Service.
     let c = counts(http_get_many(

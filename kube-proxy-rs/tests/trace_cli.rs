@@ -1118,3 +1118,38 @@ fn ipvs_mode_needs_the_table_for_a_dump() {
     assert!(!ok);
     assert!(err.contains("--ipvs FILE"), "{err}");
 }
+
+#[test]
+fn ipvs_mode_refuses_an_ipvsadm_listing_naming_the_form_it_needs() {
+    let dir = std::env::temp_dir().join(format!("kp-trace-ln-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let listing = dir.join("ipvsadm-Ln.txt");
+    std::fs::write(
+        &listing,
+        "IP Virtual Server version 1.2.1 (size=4096)\nProt LocalAddress:Port Scheduler Flags\n  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn\nTCP  10.96.138.71:8080 rr\n  -> 10.0.0.4:80                  Masq    1      0          0\n",
+    )
+    .unwrap();
+    let (r, s) = (
+        ipvs_dump("ipvs-ours", "iptables-save.txt"),
+        ipvs_dump("ipvs-ours", "ipset-save.txt"),
+    );
+    let (ok, _, err) = run(&[
+        "trace",
+        "--rules",
+        &r,
+        "--ipsets",
+        &s,
+        "--ipvs",
+        listing.to_str().unwrap(),
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(!ok);
+    assert!(
+        err.contains("ipvsadm -Ln") && err.contains("ipvsadm -Sn"),
+        "{err}"
+    );
+}

@@ -127,8 +127,6 @@ fn bad_values_are_rejected_naming_the_flag() {
     for (flag, value) in [
         ("--healthz-bind-address", "notanaddr"),
         ("--metrics-bind-address", "127.0.0.1:notaport"),
-        ("--ipvs-scheduler", "fastest"),
-        ("--ipvs-exclude-cidrs", "10.0.0.0/33"),
     ] {
         let arg = format!("{flag}={value}");
         for mode in [&["--dry-run"][..], &["--once"], &["--cleanup"], &[]] {
@@ -266,4 +264,36 @@ fn daemon_sets_conntrack_sysctls_and_oom_score_adj() {
     let oom = std::fs::read_to_string(format!("/proc/{}/oom_score_adj", proxy.guard.id())).unwrap();
     assert_eq!(oom.trim(), "500", "{}", proxy.log());
     assert!(proxy.is_running(), "{}", proxy.log());
+}
+
+#[test]
+fn cleanup_has_no_dry_run_and_ipvs_settings_are_checked_in_ipvs_mode_only() {
+    let (rc, _, err) = run(&["--cleanup", "--dry-run"]);
+    assert_eq!(rc, Some(1), "{err}");
+    assert!(
+        err.contains("--cleanup") && err.contains("--dry-run"),
+        "{err}"
+    );
+    // A leftover IPVS typo does not stop iptables mode.
+    let (rc, out, err) = run(&["--manifests", SEED, "--dry-run", "--ipvs-scheduler=bogus"]);
+    assert_eq!(rc, Some(0), "{err}");
+    assert!(out.contains("KUBE-SERVICES"), "{out}");
+    for (bad, flag) in [
+        (&["--ipvs-sync-period=0s"][..], "--ipvs-sync-period"),
+        (
+            &["--ipvs-min-sync-period=1m", "--ipvs-sync-period=30s"],
+            "--ipvs-sync-period",
+        ),
+        (&["--ipvs-scheduler=fastest"], "--ipvs-scheduler"),
+        (
+            &["--ipvs-exclude-cidrs=10.0.0.0/33"],
+            "--ipvs-exclude-cidrs",
+        ),
+    ] {
+        let mut args = vec!["--proxy-mode=ipvs", "--manifests", SEED, "--dry-run"];
+        args.extend(bad);
+        let (rc, _, err) = run(&args);
+        assert_eq!(rc, Some(1), "{args:?}: {err}");
+        assert!(err.contains(flag), "{err}");
+    }
 }

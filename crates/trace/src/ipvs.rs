@@ -58,6 +58,14 @@ impl IpvsTable {
     /// [`TraceError::IpvsSave`] for a line that does not parse (firewall-mark services,
     /// names instead of numbers, a real server before its virtual server, ...).
     pub fn parse(text: &str) -> Result<IpvsTable, TraceError> {
+        if text.trim_start().starts_with("IP Virtual Server")
+            || text.contains("-> RemoteAddress:Port")
+        {
+            return Err(TraceError::IpvsSave {
+                line: 1,
+                message: "this is `ipvsadm -Ln` output (a listing); trace needs the rules form, `ipvsadm -Sn`".into(),
+            });
+        }
         let services =
             kp_netlink::ipvs::parse_save_text(text).map_err(|e| TraceError::IpvsSave {
                 line: e.line,
