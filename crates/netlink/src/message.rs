@@ -165,19 +165,7 @@ pub(crate) struct Datagram {
 /// framing.
 pub(crate) fn parse_datagram(buf: &[u8], seq: u32) -> Result<Datagram, String> {
     let mut out = Datagram::default();
-    let mut offset = 0;
-    while offset < buf.len() {
-        let rest = &buf[offset..];
-        let message = NetlinkBuffer::new_checked(rest)
-            .map_err(|e| format!("message at offset {offset}: {e}"))?;
-        let len = message.length() as usize;
-        if len < NLMSG_HDRLEN {
-            return Err(format!(
-                "message at offset {offset} has length {len}, below the header's {NLMSG_HDRLEN}"
-            ));
-        }
-        // NLMSG_ALIGN: the next message starts at a multiple of 4 (the last may be unpadded).
-        offset = offset.saturating_add(len.saturating_add(3) & !3);
+    for (offset, message) in messages(buf)? {
         if message.sequence_number() != seq {
             continue;
         }
@@ -186,30 +174,87 @@ pub(crate) fn parse_datagram(buf: &[u8], seq: u32) -> Result<Datagram, String> {
         }
         let message_type = message.message_type();
         let payload = message.payload();
-        let reply = match message_type {
-            NLMSG_NOOP => continue,
-            NLMSG_ERROR => {
-                let error = ErrorBuffer::new_checked(payload)
-                    .map_err(|e| format!("NLMSG_ERROR at offset {offset}: {e}"))?;
-                match error.code() {
-                    None => Reply::Ack,
-                    Some(code) => Reply::Error(code.get().saturating_neg()),
+        let reply = match control(message_type, payload, offset)? {
+            Some(Control::Noop) => continue,
+            Some(Control::Ack) => Reply::Ack,
+            Some(Control::Done) => Reply::Done,
+            Some(Control::Error(code)) => Reply::Error(code),
+            None if (message_type >> 8) as u8 == NFNL_SUBSYS_CTNETLINK => {
+                match decode_flow(payload, message_type) {
+                    Ok(flow) => Reply::Flow(flow),
+                    Err(why) => Reply::Skipped(why),
                 }
             }
-            NLMSG_DONE => match payload.get(..4) {
-                Some(&[a, b, c, d]) if i32::from_ne_bytes([a, b, c, d]) != 0 => {
-                    Reply::Error(i32::from_ne_bytes([a, b, c, d]).saturating_neg())
-                }
-                _ => Reply::Done,
-            },
-            NLMSG_OVERRUN => return Err("NLMSG_OVERRUN: the kernel dropped data".into()),
-            t if (t >> 8) as u8 == NFNL_SUBSYS_CTNETLINK => match decode_flow(payload, t) {
-                Ok(flow) => Reply::Flow(flow),
-                Err(why) => Reply::Skipped(why),
-            },
-            t => Reply::Skipped(format!("unexpected message type {t:#06x}")),
+            None => Reply::Skipped(format!("unexpected message type {message_type:#06x}")),
         };
         out.replies.push(reply);
+    }
+    Ok(out)
+}
+
+/// A netlink control message (`NLMSG_NOOP`, `NLMSG_ERROR`, `NLMSG_DONE`) as both decoders
+/// (ctnetlink and IPVS) read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Control {
+    /// `NLMSG_NOOP`: nothing to do.
+    Noop,
+    /// `NLMSG_ERROR` with code 0.
+    Ack,
+    /// `NLMSG_DONE` with status 0.
+    Done,
+    /// `NLMSG_ERROR` with a non-zero code, or a `NLMSG_DONE` carrying a dump error: the
+    /// positive errno.
+    Error(i32),
+}
+
+/// Classifies a control message; `Ok(None)` for any other type. `NLMSG_OVERRUN` and a
+/// truncated `NLMSG_ERROR` are errors (the description names the message's offset `at`).
+pub(crate) fn control(
+    message_type: u16,
+    payload: &[u8],
+    at: usize,
+) -> Result<Option<Control>, String> {
+    Ok(Some(match message_type {
+        NLMSG_NOOP => Control::Noop,
+        NLMSG_ERROR => {
+            let error = ErrorBuffer::new_checked(payload)
+                .map_err(|e| format!("NLMSG_ERROR at offset {at}: {e}"))?;
+            match error.code() {
+                None => Control::Ack,
+                Some(code) => Control::Error(code.get().saturating_neg()),
+            }
+        }
+        NLMSG_DONE => match payload.get(..4) {
+            Some(&[a, b, c, d]) if i32::from_ne_bytes([a, b, c, d]) != 0 => {
+                Control::Error(i32::from_ne_bytes([a, b, c, d]).saturating_neg())
+            }
+            _ => Control::Done,
+        },
+        NLMSG_OVERRUN => return Err("NLMSG_OVERRUN: the kernel dropped data".into()),
+        _ => return Ok(None),
+    }))
+}
+
+/// One message of a datagram and its offset in it.
+pub(crate) type Located<'a> = (usize, NetlinkBuffer<&'a [u8]>);
+
+/// Splits a received datagram into its messages, each with its offset; errors describe
+/// broken framing (a header that does not fit, a length below the header's).
+pub(crate) fn messages(buf: &[u8]) -> Result<Vec<Located<'_>>, String> {
+    let mut out = Vec::new();
+    let mut offset = 0;
+    while offset < buf.len() {
+        let message = NetlinkBuffer::new_checked(&buf[offset..])
+            .map_err(|e| format!("message at offset {offset}: {e}"))?;
+        let len = message.length() as usize;
+        if len < NLMSG_HDRLEN {
+            return Err(format!(
+                "message at offset {offset} has length {len}, below the header's {NLMSG_HDRLEN}"
+            ));
+        }
+        out.push((offset, message));
+        // NLMSG_ALIGN: the next message starts at a multiple of 4 (the last may be unpadded).
+        offset = offset.saturating_add(len.saturating_add(3) & !3);
     }
     Ok(out)
 }

@@ -40,10 +40,10 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+use crate::message::Control;
 use netlink_packet_core::{
-    DecodeError, DefaultNla, Emitable, ErrorBuffer, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP,
-    NLM_F_DUMP_INTR, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR, NLMSG_NOOP, NLMSG_OVERRUN,
-    NetlinkBuffer, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, NlasIterator, Parseable,
+    DecodeError, DefaultNla, Emitable, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_DUMP_INTR,
+    NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload, Nla, NlasIterator, Parseable,
     ParseableParametrized,
 };
 use netlink_packet_generic::constants::GENL_ID_CTRL;
@@ -112,8 +112,6 @@ const AF_INET: u16 = 2;
 const AF_INET6: u16 = 10;
 /// `NLA_TYPE_MASK`.
 const NLA_TYPE_MASK: u16 = 0x3fff;
-/// Length of `struct nlmsghdr`.
-const NLMSG_HDRLEN: usize = 16;
 
 /// The payload of an IPVS generic netlink message: its command and top-level attributes
 /// (nests are [`DefaultNla`]s whose value is the emitted inner attributes).
@@ -417,46 +415,24 @@ pub(crate) struct Incoming {
 /// framing.
 pub(crate) fn parse_datagram(buf: &[u8], family_id: u16) -> Result<Vec<Incoming>, String> {
     let mut out = Vec::new();
-    let mut offset = 0;
-    while offset < buf.len() {
-        let rest = &buf[offset..];
-        let message = NetlinkBuffer::new_checked(rest)
-            .map_err(|e| format!("message at offset {offset}: {e}"))?;
-        let len = message.length() as usize;
-        if len < NLMSG_HDRLEN {
-            return Err(format!(
-                "message at offset {offset} has length {len}, below the header's {NLMSG_HDRLEN}"
-            ));
-        }
-        let at = offset;
-        offset = offset.saturating_add(len.saturating_add(3) & !3);
+    for (at, message) in crate::message::messages(buf)? {
         let seq = message.sequence_number();
         let interrupted = message.flags() & NLM_F_DUMP_INTR != 0;
         let message_type = message.message_type();
         let payload = message.payload();
-        let reply = match message_type {
-            NLMSG_NOOP => continue,
-            NLMSG_ERROR => {
-                let error = ErrorBuffer::new_checked(payload)
-                    .map_err(|e| format!("NLMSG_ERROR at offset {at}: {e}"))?;
-                match error.code() {
-                    None => Reply::Ack,
-                    Some(code) => Reply::Error(code.get().saturating_neg()),
+        let reply = match crate::message::control(message_type, payload, at)? {
+            Some(Control::Noop) => continue,
+            Some(Control::Ack) => Reply::Ack,
+            Some(Control::Done) => Reply::Done,
+            Some(Control::Error(code)) => Reply::Error(code),
+            None if message_type == GENL_ID_CTRL => Reply::Ctrl(payload.to_vec()),
+            None if message_type == family_id => {
+                match GenlMessage::<IpvsPayload>::parse_with_param(payload, message_type) {
+                    Ok(m) => Reply::Ipvs(m.payload),
+                    Err(e) => Reply::Skipped(format!("undecodable IPVS message: {e}")),
                 }
             }
-            NLMSG_DONE => match payload.get(..4) {
-                Some(&[a, b, c, d]) if i32::from_ne_bytes([a, b, c, d]) != 0 => {
-                    Reply::Error(i32::from_ne_bytes([a, b, c, d]).saturating_neg())
-                }
-                _ => Reply::Done,
-            },
-            NLMSG_OVERRUN => return Err("NLMSG_OVERRUN: the kernel dropped data".into()),
-            GENL_ID_CTRL => Reply::Ctrl(payload.to_vec()),
-            t if t == family_id => match GenlMessage::<IpvsPayload>::parse_with_param(payload, t) {
-                Ok(m) => Reply::Ipvs(m.payload),
-                Err(e) => Reply::Skipped(format!("undecodable IPVS message: {e}")),
-            },
-            t => Reply::Skipped(format!("unexpected message type {t:#06x}")),
+            None => Reply::Skipped(format!("unexpected message type {message_type:#06x}")),
         };
         out.push(Incoming {
             seq,

@@ -713,7 +713,9 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
         let (have, tables) = if full {
             (self.read_kernel()?, Some(self.read_tables()?))
         } else {
-            (self.known.clone().unwrap_or_default(), None)
+            // Taken, not copied (100k real servers at 10k Services): it is rebuilt when this
+            // sync succeeds, and a failure leaves it unset, so the retry is a full sync.
+            (self.known.take().unwrap_or_default(), None)
         };
         let read_time = t_read.elapsed();
         let t_render = Instant::now();
