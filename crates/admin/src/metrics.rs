@@ -306,7 +306,7 @@ impl Metrics {
                         .inc();
                 }
             }
-            ProxyMode::Ipvs => {
+            ProxyMode::Ipvs | ProxyMode::Userspace => {
                 inner.iptables_restore_failures.get_or_create(&labels).inc();
             }
             ProxyMode::Nftables => {
@@ -537,7 +537,10 @@ fn register(inner: &mut Inner) {
             inner.sync_partial_duration.clone(),
         );
     }
-    if matches!(inner.mode, ProxyMode::Iptables | ProxyMode::Ipvs) {
+    if matches!(
+        inner.mode,
+        ProxyMode::Iptables | ProxyMode::Ipvs | ProxyMode::Userspace
+    ) {
         r.register(
             "kubeproxy_sync_proxy_rules_iptables_restore_failures",
             alpha("Cumulative proxy iptables restore failures"),

@@ -150,15 +150,18 @@ pub enum ProxyMode {
     Nftables,
     /// `ipvs`.
     Ipvs,
+    /// `userspace`: a proxy socket per Service port (upstream removed it in 1.26).
+    Userspace,
 }
 
 impl ProxyMode {
-    /// The `--proxy-mode` spelling (`iptables`, `nftables`, `ipvs`).
+    /// The `--proxy-mode` spelling (`iptables`, `nftables`, `ipvs`, `userspace`).
     pub fn as_str(self) -> &'static str {
         match self {
             ProxyMode::Iptables => "iptables",
             ProxyMode::Nftables => "nftables",
             ProxyMode::Ipvs => "ipvs",
+            ProxyMode::Userspace => "userspace",
         }
     }
 }
@@ -177,7 +180,7 @@ impl fmt::Display for UnknownProxyMode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "unknown proxy mode {:?} (expected iptables, nftables or ipvs)",
+            "unknown proxy mode {:?} (expected iptables, nftables, ipvs or userspace)",
             self.0
         )
     }
@@ -194,6 +197,7 @@ impl FromStr for ProxyMode {
             "iptables" => Ok(ProxyMode::Iptables),
             "nftables" => Ok(ProxyMode::Nftables),
             "ipvs" => Ok(ProxyMode::Ipvs),
+            "userspace" => Ok(ProxyMode::Userspace),
             other => Err(UnknownProxyMode(other.to_string())),
         }
     }
@@ -205,7 +209,12 @@ mod tests {
 
     #[test]
     fn proxy_modes_parse_and_print() {
-        for mode in [ProxyMode::Iptables, ProxyMode::Nftables, ProxyMode::Ipvs] {
+        for mode in [
+            ProxyMode::Iptables,
+            ProxyMode::Nftables,
+            ProxyMode::Ipvs,
+            ProxyMode::Userspace,
+        ] {
             assert_eq!(mode.as_str().parse::<ProxyMode>(), Ok(mode));
         }
         assert_eq!(

@@ -3,8 +3,8 @@
 //! A [`Proxier`] programs one IP family of the node from a [`Snapshot`](kp_model::Snapshot):
 //! it *renders* the desired rules (a pure function, golden-tested) and *reconciles* them with
 //! the kernel in one atomic transaction per sync. Each mode lives in its own module with the
-//! same file set (`names.rs`, `render.rs`, `reconcile.rs`); today: [`iptables`] and
-//! [`nftables`].
+//! same file set (`names.rs`, `render.rs`, `reconcile.rs`); today: [`iptables`],
+//! [`nftables`], [`ipvs`] and [`userspace`] (whose data path is the `kp-relay` crate).
 //!
 //! Shared pieces: [`conntrack`] (UDP stale-entry cleanup after a sync), [`LocalDetector`] (`--detect-local-mode`), [`NodePortAddresses`]
 //! (`--nodeport-addresses`) and the [`Host`] seam (local addresses, sysctls).
@@ -16,6 +16,7 @@ pub mod ipvs;
 pub mod local;
 pub mod nftables;
 pub mod nodeport;
+pub mod userspace;
 
 pub use host::{FakeHost, Host, RealHost};
 pub use local::{LocalDetector, LocalMatch};

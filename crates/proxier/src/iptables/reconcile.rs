@@ -400,7 +400,7 @@ pub fn partial_payload<P: ChainNames + ?Sized>(
 /// The fixed chains that `--cleanup` removes, per table.
 /// Our filter chains, of iptables mode and of IPVS mode (so `--cleanup` and a switch to
 /// nftables mode remove both).
-const CLEANUP_FILTER: [&str; 9] = [
+pub(crate) const CLEANUP_FILTER: [&str; 10] = [
     KUBE_SERVICES,
     KUBE_EXTERNAL_SERVICES,
     KUBE_FORWARD,
@@ -410,15 +410,20 @@ const CLEANUP_FILTER: [&str; 9] = [
     crate::ipvs::names::KUBE_SOURCE_RANGES_FIREWALL,
     crate::ipvs::names::KUBE_IPVS_FILTER,
     crate::ipvs::names::KUBE_IPVS_OUT_FILTER,
+    crate::userspace::render::KUBE_NODEPORT_NON_LOCAL,
 ];
-/// Our nat chains, of iptables mode and of IPVS mode.
-const CLEANUP_NAT: [&str; 6] = [
+/// Our nat chains, of iptables mode, IPVS mode and userspace mode.
+pub(crate) const CLEANUP_NAT: [&str; 10] = [
     KUBE_SERVICES,
     KUBE_NODEPORTS,
     KUBE_POSTROUTING,
     KUBE_MARK_MASQ,
     crate::ipvs::names::KUBE_NODE_PORT,
     crate::ipvs::names::KUBE_LOAD_BALANCER,
+    crate::userspace::render::KUBE_PORTALS_CONTAINER,
+    crate::userspace::render::KUBE_PORTALS_HOST,
+    crate::userspace::render::KUBE_NODEPORT_CONTAINER,
+    crate::userspace::render::KUBE_NODEPORT_HOST,
 ];
 
 /// The localnet drop we write into `KUBE-FIREWALL`, canonical.

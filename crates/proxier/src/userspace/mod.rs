@@ -1,0 +1,501 @@
+//! Userspace mode: kube-proxy's first mode, a proxy socket per Service port.
+//!
+//! For each Service port the proxy listens on a local port (a [`PortalRelay`], in the daemon
+//! `kp-relay`'s splice relay); iptables nat rules ([`render`]) send the Service's ClusterIP,
+//! externalIP, LB-IP and NodePort traffic to that port; the relay picks an endpoint round
+//! robin (ClientIP affinity when asked), connects to it itself and relays the bytes, and
+//! retries the next endpoint when a connect fails, which the kernel modes cannot do.
+//!
+//! A sync: work out the listeners the snapshot needs ([`listeners`]: one per Service port,
+//! plus one for external destinations when they use other endpoints), make the relay serve
+//! exactly those (new ones opened, changed ones updated in place without touching open
+//! connections, gone ones closed), then write the portal rules pointing at the listening
+//! ports in one `iptables-restore --noflush` (only when they changed, and on every full sync,
+//! which also reads the kernel back and repairs the jumps from the built-in chains).
+//!
+//! Endpoint selection is the other modes' ([`kp_track::categorize`]): traffic
+//! policies, topology hints, the terminating fallback. What userspace mode cannot do: keep
+//! the client's address (the backend always sees the node), and SCTP (upstream's userspace
+//! mode had no SCTP either; such ports are skipped with a warning). See docs/userspace.md.
+
+pub mod render;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use kp_model::{Changes, IpFamily, Protocol, ServicePortName, SessionAffinity, Snapshot};
+use kp_netfilter::{Iptables, Table};
+use tracing::{error, warn};
+
+use crate::iptables::reconcile::KernelTable;
+use crate::{Host, NodePortAddresses, Proxier, ProxierError, ProxyMode, SyncReport};
+pub use render::{FILTER_CHAINS, NAT_CHAINS, NodeView, Portal, Rendered};
+
+/// One listener of the relay: what it serves and where it sends connections.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listener {
+    /// The Service port.
+    pub service: ServicePortName,
+    /// Whether this listener serves the port's external destinations (NodePort, externalIPs,
+    /// LB IPs) because they use other endpoints than its ClusterIP; otherwise it serves all
+    /// of them.
+    pub external: bool,
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// ClientIP session affinity timeout; `None`: no affinity.
+    pub affinity: Option<Duration>,
+    /// The endpoints (`ip:port`), in the snapshot's order.
+    pub endpoints: Vec<SocketAddr>,
+}
+
+impl Listener {
+    /// The relay key: `SPN` or `SPN external`.
+    pub fn key(&self) -> String {
+        if self.external {
+            format!("{} external", self.service)
+        } else {
+            self.service.to_string()
+        }
+    }
+}
+
+/// The proxy sockets: the seam between the proxier (which decides what to listen for) and
+/// the relay that listens and moves bytes.
+pub trait PortalRelay: Send {
+    /// Serves exactly `listeners`: opens the new ones, updates the others in place (their
+    /// ports stay), closes the ones not listed. Returns each listener's port, in order, or
+    /// why it could not listen.
+    fn serve(&mut self, listeners: &[Listener]) -> Vec<Result<u16, String>>;
+}
+
+/// A [`PortalRelay`] that listens nowhere: ports are handed out from `base` in the order
+/// listeners are first seen, and kept while they are served. For dry runs and tests.
+#[derive(Debug, Clone)]
+pub struct FakeRelay {
+    next: u16,
+    ports: BTreeMap<String, u16>,
+    /// What the last [`PortalRelay::serve`] asked for.
+    pub served: Vec<Listener>,
+    /// Keys that fail to listen (tests).
+    pub failing: BTreeSet<String>,
+}
+
+impl FakeRelay {
+    /// A fake whose first port is `base`.
+    pub fn new(base: u16) -> FakeRelay {
+        FakeRelay {
+            next: base,
+            ports: BTreeMap::new(),
+            served: Vec::new(),
+            failing: BTreeSet::new(),
+        }
+    }
+}
+
+impl PortalRelay for FakeRelay {
+    fn serve(&mut self, listeners: &[Listener]) -> Vec<Result<u16, String>> {
+        let keys: BTreeSet<String> = listeners.iter().map(Listener::key).collect();
+        self.ports.retain(|k, _| keys.contains(k));
+        self.served = listeners.to_vec();
+        listeners
+            .iter()
+            .map(|l| {
+                let key = l.key();
+                if self.failing.contains(&key) {
+                    return Err("injected failure".into());
+                }
+                let next = &mut self.next;
+                Ok(*self.ports.entry(key).or_insert_with(|| {
+                    let p = *next;
+                    *next = next.wrapping_add(1);
+                    p
+                }))
+            })
+            .collect()
+    }
+}
+
+impl<T: PortalRelay + ?Sized> PortalRelay for Box<T> {
+    fn serve(&mut self, listeners: &[Listener]) -> Vec<Result<u16, String>> {
+        (**self).serve(listeners)
+    }
+}
+
+/// Userspace-mode settings.
+#[derive(Debug, Clone, Default)]
+pub struct UserspaceConfig {
+    /// `--nodeport-addresses`.
+    pub nodeport_addresses: NodePortAddresses,
+}
+
+/// The listeners `snap` needs, in ServicePortName order. SCTP ports are left out (returned
+/// in the second list).
+pub fn listeners(snap: &Snapshot) -> (Vec<Listener>, Vec<ServicePortName>) {
+    let mut out = Vec::new();
+    let mut sctp = Vec::new();
+    for (name, svc) in &snap.services {
+        if name.protocol == Protocol::Sctp {
+            sctp.push(name.clone());
+            continue;
+        }
+        let eps = snap.endpoints_of(name);
+        let cat = kp_track::categorize(svc, eps, &snap.node_name, &snap.node_labels);
+        let addrs = |list: &[&kp_model::Endpoint]| -> Vec<SocketAddr> {
+            list.iter().map(|e| SocketAddr::new(e.ip, e.port)).collect()
+        };
+        let internal = if svc.internal_policy_local {
+            addrs(&cat.local)
+        } else {
+            addrs(&cat.cluster)
+        };
+        let affinity = match svc.session_affinity {
+            SessionAffinity::None => None,
+            SessionAffinity::ClientIp { timeout_seconds } => {
+                Some(Duration::from_secs(u64::from(timeout_seconds)))
+            }
+        };
+        let make = |external: bool, endpoints: Vec<SocketAddr>| Listener {
+            service: name.clone(),
+            external,
+            protocol: name.protocol,
+            affinity,
+            endpoints,
+        };
+        if svc.externally_accessible() {
+            let external = if svc.external_policy_local {
+                addrs(&cat.local)
+            } else {
+                addrs(&cat.cluster)
+            };
+            if external != internal {
+                out.push(make(false, internal));
+                out.push(make(true, external));
+                continue;
+            }
+        }
+        out.push(make(false, internal));
+    }
+    (out, sctp)
+}
+
+/// Userspace-mode proxier for one family.
+pub struct UserspaceProxier<I: Iptables, R: PortalRelay> {
+    family: IpFamily,
+    cfg: UserspaceConfig,
+    ipt: I,
+    relay: R,
+    host: Arc<dyn Host>,
+    needs_full: bool,
+    last_rules: Option<String>,
+    portals: Vec<Portal>,
+    warned_sctp: BTreeSet<ServicePortName>,
+    failed: BTreeMap<String, String>,
+}
+
+impl<I: Iptables, R: PortalRelay> UserspaceProxier<I, R> {
+    /// A proxier writing rules with `ipt` and listening through `relay`.
+    pub fn new(
+        family: IpFamily,
+        cfg: UserspaceConfig,
+        ipt: I,
+        relay: R,
+        host: Arc<dyn Host>,
+    ) -> UserspaceProxier<I, R> {
+        UserspaceProxier {
+            family,
+            cfg,
+            ipt,
+            relay,
+            host,
+            needs_full: true,
+            last_rules: None,
+            portals: Vec::new(),
+            warned_sctp: BTreeSet::new(),
+            failed: BTreeMap::new(),
+        }
+    }
+
+    /// The iptables runner (tests read the rules back through it).
+    pub fn runner(&self) -> &I {
+        &self.ipt
+    }
+
+    /// The relay.
+    pub fn relay(&self) -> &R {
+        &self.relay
+    }
+
+    /// The listeners the last sync served, with their ports.
+    pub fn portals(&self) -> &[Portal] {
+        &self.portals
+    }
+
+    /// The address the node's own connections to a Service are DNATed to: the Node's first
+    /// address of this family that is local, else the first local non-loopback,
+    /// non-link-local address of the family; `None` (REDIRECT) when there is none.
+    fn node_ip(&self, snap: &Snapshot, local: &[IpAddr]) -> Option<IpAddr> {
+        let usable = |ip: &IpAddr| {
+            self.family.contains(ip)
+                && !ip.is_loopback()
+                && !ip.is_unspecified()
+                && match ip {
+                    IpAddr::V4(v4) => !v4.is_link_local(),
+                    IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) != 0xfe80,
+                }
+        };
+        snap.node_ips
+            .iter()
+            .find(|ip| usable(ip) && local.contains(ip))
+            .or_else(|| local.iter().find(|ip| usable(ip)))
+            .copied()
+    }
+
+    fn payload(&self, rules: &Rendered, kernel: Option<&(KernelTable, KernelTable)>) -> String {
+        let mut out = String::with_capacity(rules.filter.len() + rules.nat.len() + 1024);
+        for (table, chains, body, kt) in [
+            (
+                "filter",
+                &FILTER_CHAINS[..],
+                &rules.filter,
+                kernel.map(|k| &k.0),
+            ),
+            ("nat", &NAT_CHAINS[..], &rules.nat, kernel.map(|k| &k.1)),
+        ] {
+            let _ = writeln!(out, "*{table}");
+            let stale = kt.map(|k| other_mode_chains(table, k)).unwrap_or_default();
+            for c in chains
+                .iter()
+                .copied()
+                .chain(stale.iter().map(String::as_str))
+            {
+                let _ = writeln!(out, ":{c} - [0:0]");
+            }
+            out.push_str(&jump_fixups(table, kt));
+            for c in &stale {
+                let _ = writeln!(out, "-X {c}");
+            }
+            out.push_str(body);
+            out.push_str("COMMIT\n");
+        }
+        out
+    }
+}
+
+/// iptables-mode and IPVS-mode chains in `kernel` that userspace mode deletes on a full
+/// sync (a node switching modes).
+fn other_mode_chains(table: &str, kernel: &KernelTable) -> Vec<String> {
+    kernel
+        .chains
+        .iter()
+        .filter(|c| {
+            let c = c.as_str();
+            if table == "filter" {
+                crate::iptables::reconcile::CLEANUP_FILTER.contains(&c)
+            } else {
+                crate::iptables::reconcile::CLEANUP_NAT.contains(&c)
+                    || crate::iptables::names::is_service_chain(c)
+            }
+        })
+        .filter(|c| !NAT_CHAINS.contains(&c.as_str()) && !FILTER_CHAINS.contains(&c.as_str()))
+        .cloned()
+        .collect()
+}
+
+fn jump_line(chain: &str, rule: &str) -> String {
+    format!("-A {chain} {rule}")
+}
+
+/// Jump-rule changes for `table`: kube-proxy jumps from built-in chains that are not
+/// userspace mode's are deleted; missing ones of ours inserted at the top (portals) or
+/// appended (NodePorts). Without the kernel's table every jump is written (a dry run).
+fn jump_fixups(table: &str, kernel: Option<&KernelTable>) -> String {
+    let mut out = String::new();
+    let ours: Vec<String> = render::JUMPS
+        .iter()
+        .filter(|j| j.0 == table)
+        .map(|j| jump_line(j.1, j.2))
+        .collect();
+    if let Some(k) = kernel {
+        for (chain, line, target) in &k.rules {
+            let Some(t) = target else { continue };
+            let kube = t.starts_with("KUBE-") && t != "KUBE-FIREWALL" && t != "KUBE-PROXY-CANARY";
+            if matches!(
+                chain.as_str(),
+                "PREROUTING" | "INPUT" | "FORWARD" | "OUTPUT" | "POSTROUTING"
+            ) && kube
+                && !ours.contains(line)
+            {
+                let _ = writeln!(out, "-D{}", &line[2..]);
+            }
+        }
+    }
+    for (t, chain, rule, first) in render::JUMPS {
+        if t != table {
+            continue;
+        }
+        let line = jump_line(chain, rule);
+        if kernel.is_some_and(|k| k.rules.iter().any(|(_, l, _)| *l == line)) {
+            continue;
+        }
+        if first {
+            let _ = writeln!(out, "-I {chain} 1 {rule}");
+        } else {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    out
+}
+
+impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
+    fn mode(&self) -> ProxyMode {
+        ProxyMode::Userspace
+    }
+
+    fn family(&self) -> IpFamily {
+        self.family
+    }
+
+    fn sync(&mut self, snap: &Snapshot, changes: &Changes) -> Result<SyncReport, ProxierError> {
+        let full = self.needs_full || changes.full_resync_needed;
+        self.needs_full = true;
+        let t_render = Instant::now();
+        let (wanted, sctp) = listeners(snap);
+        for name in sctp {
+            if self.warned_sctp.insert(name.clone()) {
+                warn!(service = %name, "userspace mode cannot proxy SCTP; this Service port gets no rules");
+            }
+        }
+        let ports = self.relay.serve(&wanted);
+        let mut portals = Vec::with_capacity(wanted.len());
+        let mut failed = BTreeMap::new();
+        for (listener, port) in wanted.into_iter().zip(ports) {
+            match port {
+                Ok(port) => portals.push(Portal { listener, port }),
+                Err(e) => {
+                    let key = listener.key();
+                    if self.failed.get(&key) != Some(&e) {
+                        error!(service = %listener.service, external = listener.external, error = %e, "cannot open the proxy socket; this Service port gets no rules until it can");
+                    }
+                    failed.insert(key, e);
+                }
+            }
+        }
+        self.failed = failed;
+        let local = self
+            .host
+            .local_addresses()
+            .map_err(|e| ProxierError::Host {
+                what: "reading the node's addresses".into(),
+                source: e,
+            })?;
+        let node = NodeView {
+            node_ip: self.node_ip(snap, &local),
+            nodeport_addresses: &self.cfg.nodeport_addresses,
+            local_addrs: &local,
+        };
+        let rules = render::render(snap, &portals, &node);
+        let render_time = t_render.elapsed();
+        let t_apply = Instant::now();
+        let text = format!("{}\u{0}{}", rules.filter, rules.nat);
+        let mut payload_bytes = 0;
+        if full || self.last_rules.as_deref() != Some(text.as_str()) {
+            let kernel = if full {
+                let read = |table: Table| -> Result<KernelTable, ProxierError> {
+                    let text = self.ipt.save(Some(table))?;
+                    crate::iptables::kernel_table_for_sync(&text, table)
+                };
+                Some((read(Table::Filter)?, read(Table::Nat)?))
+            } else {
+                None
+            };
+            let payload = self.payload(&rules, kernel.as_ref());
+            payload_bytes = payload.len();
+            self.ipt.restore(payload.as_bytes())?;
+        }
+        self.portals = portals;
+        self.last_rules = Some(text);
+        self.needs_full = false;
+        Ok(SyncReport {
+            family: Some(self.family),
+            full,
+            service_ports: snap.services.len(),
+            endpoints: snap.endpoints.values().map(|e| e.len()).sum(),
+            payload_bytes,
+            filter_rules: rules.filter.lines().count(),
+            nat_rules: rules.nat.lines().count(),
+            deleted_chains: 0,
+            render_time,
+            apply_time: t_apply.elapsed(),
+            conntrack_deleted: 0,
+        })
+    }
+}
+
+/// Whether `ipt`'s tables hold userspace mode's chains.
+///
+/// # Errors
+/// The tables could not be read.
+pub fn has_leftovers<I: Iptables + ?Sized>(ipt: &I) -> Result<bool, ProxierError> {
+    let nat = ipt.save(Some(Table::Nat))?;
+    let filter = ipt.save(Some(Table::Filter))?;
+    let has = |text: &str, chains: &[&str]| {
+        text.lines().any(|l| {
+            l.strip_prefix(':')
+                .and_then(|r| r.split(' ').next())
+                .is_some_and(|c| chains.contains(&c))
+        })
+    };
+    Ok(has(&nat, &NAT_CHAINS) || has(&filter, &FILTER_CHAINS))
+}
+
+/// Removes userspace mode's chains and the jumps to them (leaving every other rule alone);
+/// returns the chains removed, as `table/chain`. Used by `--cleanup` and when another mode
+/// starts.
+///
+/// # Errors
+/// The tables could not be read or the restore failed.
+pub fn cleanup<I: Iptables + ?Sized>(ipt: &I) -> Result<Vec<String>, ProxierError> {
+    let mut out = String::new();
+    let mut removed = Vec::new();
+    for (table, name, chains) in [
+        (Table::Filter, "filter", &FILTER_CHAINS[..]),
+        (Table::Nat, "nat", &NAT_CHAINS[..]),
+    ] {
+        let text = ipt.save(Some(table))?;
+        let kt = crate::iptables::kernel_table(&text, table)?;
+        let present: Vec<&str> = chains
+            .iter()
+            .copied()
+            .filter(|c| kt.chains.contains(*c))
+            .collect();
+        if present.is_empty() {
+            continue;
+        }
+        let _ = writeln!(out, "*{name}");
+        for (chain, line, target) in &kt.rules {
+            if target.as_deref().is_some_and(|t| present.contains(&t))
+                && !chains.contains(&chain.as_str())
+            {
+                let _ = writeln!(out, "-D{}", &line[2..]);
+            }
+        }
+        for c in &present {
+            let _ = writeln!(out, ":{c} - [0:0]");
+        }
+        for c in &present {
+            let _ = writeln!(out, "-X {c}");
+            removed.push(format!("{name}/{c}"));
+        }
+        out.push_str("COMMIT\n");
+    }
+    if !out.is_empty() {
+        ipt.restore(out.as_bytes())?;
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,283 @@
+//! Userspace mode's portal rules: a pure function from the snapshot and the relay's listening
+//! ports to `iptables-restore` text.
+//!
+//! The layout is upstream's userspace proxier's (kube-proxy before 1.26), with the same chain
+//! names and comments, so runbooks and `iptables-save` greps keep working:
+//!
+//! | table | chain | called from | what it holds |
+//! |---|---|---|---|
+//! | nat | `KUBE-PORTALS-CONTAINER` | `PREROUTING` (first) | ClusterIP, externalIP and LB-IP traffic of pods and other hosts: `REDIRECT --to-ports P` |
+//! | nat | `KUBE-PORTALS-HOST` | `OUTPUT` (first) | the same for the node's own processes: `DNAT --to-destination NODE-IP:P` |
+//! | nat | `KUBE-NODEPORT-CONTAINER` | `PREROUTING` (last, `addrtype LOCAL`) | NodePorts: `REDIRECT --to-ports P` |
+//! | nat | `KUBE-NODEPORT-HOST` | `OUTPUT` (last, `addrtype LOCAL`) | NodePorts from the node: `DNAT --to-destination NODE-IP:P` |
+//! | filter | `KUBE-NODEPORT-NON-LOCAL` | `INPUT` (first) | `ACCEPT` for the proxy ports behind NodePorts |
+//!
+//! `P` is the relay's listening port for the Service port. REDIRECT sends a packet to the
+//! primary address of the interface it arrived on, which the wildcard listener accepts, and
+//! conntrack turns the replies back into the Service address (UDP replies come from the
+//! Service address, not the proxy's). In OUTPUT upstream DNATs to the node's address rather
+//! than redirecting; so do we, and we REDIRECT (to the loopback address) only when the node
+//! has no address of the family.
+//!
+//! Departures from upstream's userspace proxier, each in the direction of the other modes:
+//! - the node's own connections to an externalIP or LB IP are sent to the proxy whether or
+//!   not the address is local (upstream matched `addrtype --dst-type LOCAL` there), as in
+//!   iptables mode;
+//! - no `physdev` match (it needs `br_netfilter`);
+//! - `loadBalancerSourceRanges` narrow the LB-IP portals to those sources (upstream's
+//!   userspace mode ignored them); other sources are not proxied;
+//! - a Service whose internal and external traffic use different endpoints
+//!   (`externalTrafficPolicy: Local`, `internalTrafficPolicy: Local`) gets a second listener
+//!   for its external destinations.
+
+use std::fmt::Write as _;
+use std::net::{IpAddr, SocketAddr};
+
+use kp_model::{Protocol, ServicePortInfo, Snapshot};
+
+use super::Listener;
+use crate::NodePortAddresses;
+
+/// The nat chain for ClusterIP, externalIP and LB-IP traffic arriving from outside the node.
+pub const KUBE_PORTALS_CONTAINER: &str = "KUBE-PORTALS-CONTAINER";
+/// The nat chain for the same traffic from the node's own processes.
+pub const KUBE_PORTALS_HOST: &str = "KUBE-PORTALS-HOST";
+/// The nat chain for NodePort traffic arriving from outside the node.
+pub const KUBE_NODEPORT_CONTAINER: &str = "KUBE-NODEPORT-CONTAINER";
+/// The nat chain for NodePort traffic from the node's own processes.
+pub const KUBE_NODEPORT_HOST: &str = "KUBE-NODEPORT-HOST";
+/// The filter chain accepting the proxy ports behind NodePorts.
+pub const KUBE_NODEPORT_NON_LOCAL: &str = "KUBE-NODEPORT-NON-LOCAL";
+
+/// Userspace mode's nat chains.
+pub const NAT_CHAINS: [&str; 4] = [
+    KUBE_NODEPORT_CONTAINER,
+    KUBE_NODEPORT_HOST,
+    KUBE_PORTALS_CONTAINER,
+    KUBE_PORTALS_HOST,
+];
+/// Userspace mode's filter chains.
+pub const FILTER_CHAINS: [&str; 1] = [KUBE_NODEPORT_NON_LOCAL];
+
+/// A jump from a built-in chain: `(table, chain, rule without "-A CHAIN", first)`; `first`
+/// jumps are inserted at the top of the chain, the others appended (upstream: the NodePort
+/// jumps "must be the last rule in the chain").
+pub const JUMPS: [(&str, &str, &str, bool); 5] = [
+    (
+        "nat",
+        "PREROUTING",
+        "-m comment --comment \"handle ClusterIPs; NOTE: this must be before the NodePort rules\" -j KUBE-PORTALS-CONTAINER",
+        true,
+    ),
+    (
+        "nat",
+        "OUTPUT",
+        "-m comment --comment \"handle ClusterIPs; NOTE: this must be before the NodePort rules\" -j KUBE-PORTALS-HOST",
+        true,
+    ),
+    (
+        "nat",
+        "PREROUTING",
+        "-m addrtype --dst-type LOCAL -m comment --comment \"handle service NodePorts; NOTE: this must be the last rule in the chain\" -j KUBE-NODEPORT-CONTAINER",
+        false,
+    ),
+    (
+        "nat",
+        "OUTPUT",
+        "-m addrtype --dst-type LOCAL -m comment --comment \"handle service NodePorts; NOTE: this must be the last rule in the chain\" -j KUBE-NODEPORT-HOST",
+        false,
+    ),
+    (
+        "filter",
+        "INPUT",
+        "-m comment --comment \"Ensure that non-local NodePort traffic can flow\" -j KUBE-NODEPORT-NON-LOCAL",
+        true,
+    ),
+];
+
+/// The rules of one sync, without table headers: `-A` lines of our chains, in
+/// `iptables-save` form.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rendered {
+    /// Filter-table rules (`KUBE-NODEPORT-NON-LOCAL`).
+    pub filter: String,
+    /// Nat-table rules (the four portal chains).
+    pub nat: String,
+}
+
+/// One listener with its port, as the relay reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Portal {
+    /// What the listener serves.
+    pub listener: Listener,
+    /// Its listening port.
+    pub port: u16,
+}
+
+/// What the rules need to know about the node.
+#[derive(Debug, Clone)]
+pub struct NodeView<'a> {
+    /// The address the node's own connections are DNATed to (`None`: REDIRECT).
+    pub node_ip: Option<IpAddr>,
+    /// `--nodeport-addresses`.
+    pub nodeport_addresses: &'a NodePortAddresses,
+    /// The node's local addresses (for `--nodeport-addresses`).
+    pub local_addrs: &'a [IpAddr],
+}
+
+fn proto(p: Protocol) -> &'static str {
+    match p {
+        Protocol::Tcp => "tcp",
+        Protocol::Udp => "udp",
+        Protocol::Sctp => "sctp",
+    }
+}
+
+fn host_cidr(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(_) => format!("{ip}/32"),
+        IpAddr::V6(_) => format!("{ip}/128"),
+    }
+}
+
+/// ` -p tcp -m comment --comment "SPN" -m tcp --dport PORT`
+fn port_match(out: &mut String, svc: &ServicePortInfo, port: u16) {
+    let p = proto(svc.name.protocol);
+    let _ = write!(
+        out,
+        " -p {p} -m comment --comment \"{}\" -m {p} --dport {port}",
+        svc.name
+    );
+}
+
+fn container_target(out: &mut String, port: u16) {
+    let _ = writeln!(out, " -j REDIRECT --to-ports {port}");
+}
+
+fn host_target(out: &mut String, node_ip: Option<IpAddr>, port: u16) {
+    match node_ip {
+        Some(ip) => {
+            let _ = writeln!(
+                out,
+                " -j DNAT --to-destination {}",
+                SocketAddr::new(ip, port)
+            );
+        }
+        None => container_target(out, port),
+    }
+}
+
+/// Renders the portal rules for every Service port of `snap` that has a listener in
+/// `portals` (a Service port without one, e.g. SCTP or a listener that could not be opened,
+/// gets no rules and keeps no traffic).
+pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rendered {
+    let family = snap.family;
+    let mut out = Rendered::default();
+    let mut host = String::new();
+    let mut container = String::new();
+    let mut np_container = String::new();
+    let mut np_host = String::new();
+    let nodeport_ips: Option<Vec<IpAddr>> = if node.nodeport_addresses.match_all(family) {
+        None
+    } else {
+        Some(
+            node.nodeport_addresses
+                .node_ips(family, node.local_addrs, &snap.node_ips),
+        )
+    };
+    for (name, svc) in &snap.services {
+        let port_of = |external: bool| {
+            portals
+                .iter()
+                .find(|p| p.listener.service == *name && p.listener.external == external)
+                .map(|p| p.port)
+        };
+        let Some(internal) = port_of(false) else {
+            continue;
+        };
+        let external = port_of(true).unwrap_or(internal);
+        // ClusterIP.
+        for (chain, buf) in [
+            (KUBE_PORTALS_CONTAINER, &mut container),
+            (KUBE_PORTALS_HOST, &mut host),
+        ] {
+            let _ = write!(buf, "-A {chain} -d {}", host_cidr(svc.cluster_ip));
+            port_match(buf, svc, svc.port);
+            if chain == KUBE_PORTALS_HOST {
+                host_target(buf, node.node_ip, internal);
+            } else {
+                container_target(buf, internal);
+            }
+        }
+        // externalIPs and load-balancer IPs: external destinations.
+        let mut external_dsts: Vec<(IpAddr, Option<ipnet::IpNet>)> =
+            svc.external_ips.iter().map(|ip| (*ip, None)).collect();
+        for vip in &svc.load_balancer_vips {
+            let ranges: Vec<ipnet::IpNet> = svc
+                .load_balancer_source_ranges
+                .iter()
+                .filter(|r| family.contains(&r.addr()))
+                .copied()
+                .collect();
+            if ranges.is_empty() {
+                external_dsts.push((*vip, None));
+            } else {
+                external_dsts.extend(ranges.into_iter().map(|r| (*vip, Some(r))));
+            }
+        }
+        for (dst, src) in external_dsts {
+            for (chain, buf) in [
+                (KUBE_PORTALS_CONTAINER, &mut container),
+                (KUBE_PORTALS_HOST, &mut host),
+            ] {
+                let _ = write!(buf, "-A {chain}");
+                if let Some(src) = src {
+                    let _ = write!(buf, " -s {}", src.trunc());
+                }
+                let _ = write!(buf, " -d {}", host_cidr(dst));
+                port_match(buf, svc, svc.port);
+                if chain == KUBE_PORTALS_HOST {
+                    host_target(buf, node.node_ip, external);
+                } else {
+                    container_target(buf, external);
+                }
+            }
+        }
+        // NodePorts.
+        if let Some(np) = svc.node_port {
+            let dsts: Vec<Option<IpAddr>> = match &nodeport_ips {
+                None => vec![None],
+                Some(ips) => ips.iter().map(|ip| Some(*ip)).collect(),
+            };
+            for dst in dsts {
+                for (chain, buf) in [
+                    (KUBE_NODEPORT_CONTAINER, &mut np_container),
+                    (KUBE_NODEPORT_HOST, &mut np_host),
+                ] {
+                    let _ = write!(buf, "-A {chain}");
+                    if let Some(d) = dst {
+                        let _ = write!(buf, " -d {}", host_cidr(d));
+                    }
+                    port_match(buf, svc, np);
+                    if chain == KUBE_NODEPORT_HOST {
+                        host_target(buf, node.node_ip, external);
+                    } else {
+                        container_target(buf, external);
+                    }
+                }
+            }
+            let _ = write!(out.filter, "-A {KUBE_NODEPORT_NON_LOCAL}");
+            port_match(&mut out.filter, svc, external);
+            out.filter.push_str(" -j ACCEPT\n");
+        }
+    }
+    out.nat.push_str(&container);
+    out.nat.push_str(&host);
+    out.nat.push_str(&np_container);
+    out.nat.push_str(&np_host);
+    out
+}
+
+#[cfg(test)]
+#[path = "render/tests.rs"]
+mod tests;

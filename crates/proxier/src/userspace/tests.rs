@@ -1,0 +1,188 @@
+//! Userspace proxier: the sync sequence against the checking fake (listeners first, then
+//! one restore; nothing written when nothing changed; a full sync repairs the jumps and
+//! removes another mode's chains), failures, and cleanup.
+
+use std::sync::Arc;
+
+use kp_model::{Changes, IpFamily};
+use kp_netfilter::{FakeIptables, IpVersion, Iptables, Table};
+use kp_testkit::builders::{ServiceBuilder, SliceBuilder, ip, snapshot};
+
+use super::*;
+use crate::FakeHost;
+
+fn proxier() -> UserspaceProxier<FakeIptables, FakeRelay> {
+    UserspaceProxier::new(
+        IpFamily::V4,
+        UserspaceConfig::default(),
+        FakeIptables::new(IpVersion::V4),
+        FakeRelay::new(36000),
+        Arc::new(FakeHost::with_addresses(vec![
+            ip("127.0.0.1"),
+            ip("192.168.56.10"),
+        ])),
+    )
+}
+
+fn web_snapshot(endpoints: &[&str]) -> Snapshot {
+    let web = ServiceBuilder::new("ns/web", "10.96.0.10")
+        .tcp("http", 80)
+        .node_port(30080)
+        .build();
+    let mut slice = SliceBuilder::new("ns/web").port("http", 8080);
+    for e in endpoints {
+        slice = slice.ready(e, "node-b");
+    }
+    snapshot(IpFamily::V4, "node-a", vec![web], vec![slice.build()])
+}
+
+fn nat(p: &UserspaceProxier<FakeIptables, FakeRelay>) -> String {
+    p.runner().save(Some(Table::Nat)).unwrap()
+}
+
+#[test]
+fn sync_serves_listeners_then_writes_portals() {
+    let mut p = proxier();
+    let report = p
+        .sync(
+            &web_snapshot(&["10.0.2.5", "10.0.2.6"]),
+            &Changes::default(),
+        )
+        .unwrap();
+    assert!(report.full);
+    assert_eq!(p.relay().served.len(), 1);
+    assert_eq!(
+        p.relay().served[0].endpoints,
+        [ip_port("10.0.2.5:8080"), ip_port("10.0.2.6:8080")]
+    );
+    let saved = nat(&p);
+    for line in [
+        "-A PREROUTING -m comment --comment \"handle ClusterIPs; NOTE: this must be before the NodePort rules\" -j KUBE-PORTALS-CONTAINER",
+        "-A OUTPUT -m addrtype --dst-type LOCAL -m comment --comment \"handle service NodePorts; NOTE: this must be the last rule in the chain\" -j KUBE-NODEPORT-HOST",
+        "-A KUBE-PORTALS-HOST -d 10.96.0.10/32 -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 80 -j DNAT --to-destination 192.168.56.10:36000",
+        "-A KUBE-NODEPORT-CONTAINER -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 30080 -j REDIRECT --to-ports 36000",
+    ] {
+        assert!(saved.contains(line), "missing {line} in\n{saved}");
+    }
+    let filter = p.runner().save(Some(Table::Filter)).unwrap();
+    assert!(filter.contains("-A KUBE-NODEPORT-NON-LOCAL -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 36000 -j ACCEPT"), "{filter}");
+    assert_eq!(p.portals().len(), 1);
+
+    // The same snapshot again: no restore. New endpoints: the relay is updated, the port
+    // (and so the rules) stay, still no restore.
+    let restores = p.runner().restore_count();
+    p.sync(
+        &web_snapshot(&["10.0.2.5", "10.0.2.6"]),
+        &Changes::default(),
+    )
+    .unwrap();
+    p.sync(&web_snapshot(&["10.0.2.7"]), &Changes::default())
+        .unwrap();
+    assert_eq!(p.runner().restore_count(), restores);
+    assert_eq!(p.relay().served[0].endpoints, [ip_port("10.0.2.7:8080")]);
+
+    // The Service goes: the listener is closed and the rules removed.
+    let empty = snapshot(IpFamily::V4, "node-a", vec![], vec![]);
+    p.sync(&empty, &Changes::default()).unwrap();
+    assert!(p.relay().served.is_empty());
+    assert!(!nat(&p).contains("ns/web"));
+    assert!(nat(&p).contains(":KUBE-PORTALS-CONTAINER"));
+}
+
+fn ip_port(s: &str) -> std::net::SocketAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn full_sync_repairs_jumps_and_removes_other_modes() {
+    let mut p = proxier();
+    // Leftovers of iptables mode, and a deleted jump of ours.
+    p.runner()
+        .restore(
+            b"*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-ABCDEFGHIJKLMNOP - [0:0]\n-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES\n-A KUBE-SERVICES -j KUBE-SVC-ABCDEFGHIJKLMNOP\nCOMMIT\n",
+        )
+        .unwrap();
+    p.sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
+        .unwrap();
+    let saved = nat(&p);
+    assert!(!saved.contains("KUBE-SERVICES"), "{saved}");
+    assert!(!saved.contains("KUBE-SVC-"), "{saved}");
+    p.runner()
+        .restore(b"*nat\n-D PREROUTING -m comment --comment \"handle ClusterIPs; NOTE: this must be before the NodePort rules\" -j KUBE-PORTALS-CONTAINER\nCOMMIT\n")
+        .unwrap();
+    // A partial sync with nothing changed does not notice; a full one repairs it, once.
+    p.sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
+        .unwrap();
+    assert!(!nat(&p).contains("-j KUBE-PORTALS-CONTAINER"));
+    let full = Changes {
+        full_resync_needed: true,
+        ..Changes::default()
+    };
+    p.sync(&web_snapshot(&["10.0.2.5"]), &full).unwrap();
+    p.sync(&web_snapshot(&["10.0.2.5"]), &full).unwrap();
+    let saved = nat(&p);
+    assert_eq!(
+        saved.matches("-j KUBE-PORTALS-CONTAINER").count(),
+        1,
+        "{saved}"
+    );
+    assert_eq!(saved.matches("-j KUBE-NODEPORT-CONTAINER").count(), 1);
+}
+
+#[test]
+fn a_failed_restore_is_retried_in_full() {
+    let mut p = proxier();
+    p.runner()
+        .fail_next_restore("iptables-restore: line 3 failed");
+    assert!(
+        p.sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
+            .is_err()
+    );
+    let r = p
+        .sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
+        .unwrap();
+    assert!(r.full);
+    assert!(nat(&p).contains("--to-ports 36000"));
+}
+
+#[test]
+fn a_listener_that_cannot_open_gets_no_rules() {
+    let mut p = proxier();
+    p.relay.failing.insert("ns/web:http".into());
+    p.sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
+        .unwrap();
+    assert!(!nat(&p).contains("ns/web"));
+    p.relay.failing.clear();
+    p.sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
+        .unwrap();
+    assert!(nat(&p).contains("ns/web"));
+}
+
+#[test]
+fn sctp_is_skipped() {
+    let svc = ServiceBuilder::new("ns/s", "10.96.0.20")
+        .port("x", kp_model::Protocol::Sctp, 9)
+        .build();
+    let snap = snapshot(IpFamily::V4, "node-a", vec![svc], vec![]);
+    let (ls, sctp) = listeners(&snap);
+    assert!(ls.is_empty());
+    assert_eq!(sctp.len(), 1);
+}
+
+#[test]
+fn cleanup_removes_only_userspace_chains() {
+    let mut p = proxier();
+    p.sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
+        .unwrap();
+    p.runner()
+        .restore(b"*nat\n:OTHER - [0:0]\n-A PREROUTING -j OTHER\nCOMMIT\n")
+        .unwrap();
+    assert!(has_leftovers(p.runner()).unwrap());
+    let removed = cleanup(p.runner()).unwrap();
+    assert_eq!(removed.len(), 5, "{removed:?}");
+    assert!(!has_leftovers(p.runner()).unwrap());
+    let saved = nat(&p);
+    assert!(saved.contains("-A PREROUTING -j OTHER"), "{saved}");
+    assert!(!saved.contains("KUBE-"), "{saved}");
+    assert!(cleanup(p.runner()).unwrap().is_empty());
+}
