@@ -218,8 +218,8 @@ mod tests {
             assert_eq!(mode.as_str().parse::<ProxyMode>(), Ok(mode));
         }
         assert_eq!(
-            "userspace".parse::<ProxyMode>(),
-            Err(UnknownProxyMode("userspace".into()))
+            "kernelspace".parse::<ProxyMode>(),
+            Err(UnknownProxyMode("kernelspace".into()))
         );
     }
 
