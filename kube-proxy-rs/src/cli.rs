@@ -149,15 +149,20 @@ pub enum ProxyModeArg {
     /// IPVS virtual servers, kube-ipvs0 and ipsets (falls back to iptables mode, with an
     /// error naming what is missing, when the kernel lacks IPVS).
     Ipvs,
+    /// A proxy socket per Service port (KUBE-PORTALS-* redirect to it); the proxy picks an
+    /// endpoint round robin and retries the next one when a connect fails. The backend
+    /// sees the node's address, never the client's.
+    Userspace,
 }
 
 impl ProxyModeArg {
-    /// The flag's spelling (`iptables`, `nftables`, `ipvs`).
+    /// The flag's spelling (`iptables`, `nftables`, `ipvs`, `userspace`).
     pub fn name(self) -> &'static str {
         match self {
             ProxyModeArg::Iptables => "iptables",
             ProxyModeArg::Nftables => "nftables",
             ProxyModeArg::Ipvs => "ipvs",
+            ProxyModeArg::Userspace => "userspace",
         }
     }
 }
@@ -411,9 +416,21 @@ pub struct CompatArgs {
     #[arg(long, default_value = "", value_name = "VERSION", hide = true)]
     pub show_hidden_metrics_for_version: String,
 
-    /// Removed upstream with the userspace mode; accepted so old manifests keep working.
-    #[arg(long, default_value = "", value_name = "RANGE", hide = true)]
+    /// Userspace mode: the ports the proxy sockets listen on, `BEGIN-END` (inclusive) or
+    /// `BEGIN+COUNT`; empty: the kernel picks a free port for each.
+    #[arg(long, default_value = "", value_name = "RANGE")]
     pub proxy_port_range: String,
+
+    /// Userspace mode: how long an idle UDP flow (one per client address and port) is kept
+    /// (Go duration, upstream's default 250ms).
+    #[arg(long, default_value = "250ms", value_parser = parse_duration)]
+    pub udp_timeout: Duration,
+
+    /// Userspace mode: TCP connections and UDP flows the proxy keeps open at once, over all
+    /// Service ports; past it new ones are refused (reset), logged and counted in
+    /// kube_proxy_rs_userspace_rejected_connections_total (kube-proxy-rs only).
+    #[arg(long, default_value_t = 20000, value_name = "N")]
+    pub userspace_max_connections: usize,
 
     /// IPVS mode: how often the whole IPVS table, kube-ipvs0 and the ipsets are read back and
     /// repaired (a full sync), and the retry interval after a failed sync.
@@ -536,7 +553,6 @@ impl CompatArgs {
             "show_hidden_metrics_for_version",
             "--show-hidden-metrics-for-version",
         ),
-        ("proxy_port_range", "--proxy-port-range"),
         ("logging_format", "--logging-format"),
         ("log_flush_frequency", "--log-flush-frequency"),
         ("vmodule", "--vmodule"),

@@ -343,8 +343,10 @@ pub struct KubeProxyConfiguration {
     pub conntrack: ConntrackSection,
     /// `configSyncPeriod` (default 15m).
     pub config_sync_period: GoDuration,
-    /// `portRange` (unused since the userspace mode was removed).
+    /// `portRange` (userspace mode's proxy ports).
     pub port_range: String,
+    /// `udpIdleTimeout` (userspace mode; default 250ms).
+    pub udp_idle_timeout: Option<GoDuration>,
 }
 
 impl Default for KubeProxyConfiguration {
@@ -376,6 +378,7 @@ impl Default for KubeProxyConfiguration {
             conntrack: ConntrackSection::default(),
             config_sync_period: secs(15 * 60),
             port_range: String::new(),
+            udp_idle_timeout: None,
         }
     }
 }
@@ -469,9 +472,12 @@ impl KubeProxyConfiguration {
         if self.kind != KIND {
             bail!("kind: {:?} is not supported (expected {KIND})", self.kind);
         }
-        if !matches!(self.mode.as_str(), "" | "iptables" | "nftables" | "ipvs") {
+        if !matches!(
+            self.mode.as_str(),
+            "" | "iptables" | "nftables" | "ipvs" | "userspace"
+        ) {
             bail!(
-                "mode: {:?} is not a proxy mode (iptables, nftables or ipvs)",
+                "mode: {:?} is not a proxy mode (iptables, nftables, ipvs or userspace)",
                 self.mode
             );
         }
@@ -561,6 +567,7 @@ pub fn apply(
         args.proxy_mode = match cfg.mode.as_str() {
             "" | "iptables" => ProxyModeArg::Iptables,
             "nftables" => ProxyModeArg::Nftables,
+            "userspace" => ProxyModeArg::Userspace,
             _ => ProxyModeArg::Ipvs,
         };
     }
@@ -724,6 +731,11 @@ pub fn apply(
     if set("proxy_port_range") {
         c.proxy_port_range = cfg.port_range.clone();
     }
+    if set("udp_timeout")
+        && let Some(t) = cfg.udp_idle_timeout
+    {
+        c.udp_timeout = t.0;
+    }
     if set("ipvs_scheduler") {
         c.ipvs_scheduler = cfg.ipvs.scheduler.clone();
     }
@@ -808,6 +820,7 @@ pub fn from_args(args: &crate::cli::ProxyArgs) -> KubeProxyConfiguration {
     cfg.enable_profiling = c.profiling;
     cfg.show_hidden_metrics_for_version = c.show_hidden_metrics_for_version.clone();
     cfg.port_range = c.proxy_port_range.clone();
+    cfg.udp_idle_timeout = Some(GoDuration(c.udp_timeout));
     cfg.ipvs = IpvsSection {
         sync_period: GoDuration(c.ipvs_sync_period),
         min_sync_period: GoDuration(c.ipvs_min_sync_period),
@@ -905,7 +918,7 @@ detectLocalMode: ""
             .unwrap_err()
             .to_string();
         assert!(err.contains("iptables.masqueradeBit"), "{err}");
-        let err = KubeProxyConfiguration::parse(&format!("{base}mode: userspace\n"))
+        let err = KubeProxyConfiguration::parse(&format!("{base}mode: kernelspace\n"))
             .unwrap_err()
             .to_string();
         assert!(err.contains("mode"), "{err}");

@@ -13,7 +13,8 @@
 //!   the node has ready local endpoints and the proxy is healthy, else 503.
 //! - **Metrics** ([`Metrics`], [`metrics_server`]): upstream's `kubeproxy_*` metrics on
 //!   `/metrics`, plus `/healthz` and `/proxyMode`, on `--metrics-bind-address`
-//!   (default `127.0.0.1:10249`).
+//!   (default `127.0.0.1:10249`); in userspace mode also the proxy sockets' numbers
+//!   ([`userspace`]) and the proxy table on `/userspace`.
 //!
 //! This crate knows nothing of the proxier or the sync loop: the binary connects them through
 //! the handles here. Time comes from an injected [`Clock`] ([`TokioClock`] by default), so
@@ -25,6 +26,7 @@ pub mod metrics;
 pub mod proxy_health;
 pub mod server;
 pub mod service_health;
+pub mod userspace;
 
 pub use clock::{Clock, ManualClock, SharedClock, TokioClock, go_time_string};
 pub use listen::parse_bind_address;
@@ -37,6 +39,7 @@ pub use proxy_health::{
 };
 pub use server::{AdminServer, BoundServer, ServeOptions};
 pub use service_health::{HealthCheckAddresses, ListenFailure, ServiceHealthServer};
+pub use userspace::{UserspaceListenerStats, UserspaceStats};
 
 use std::net::SocketAddr;
 

@@ -177,6 +177,8 @@ struct Inner {
     api_source: bool,
     api_connected: Gauge,
     api_disconnects: Counter,
+    /// Userspace mode's relays, once the daemon has them.
+    userspace: crate::userspace::StatsSlot,
 }
 
 /// The metrics handle: cheap to clone, shared by the sync loops and the servers.
@@ -244,6 +246,7 @@ impl Metrics {
             api_source,
             api_connected: Gauge::default(),
             api_disconnects: Counter::default(),
+            userspace: Arc::default(),
         };
         register(&mut inner);
         Metrics {
@@ -442,6 +445,20 @@ impl Metrics {
             .inc();
     }
 
+    /// Userspace mode: where `/metrics` reads the proxy sockets' numbers and `/userspace`
+    /// the proxy table.
+    pub fn set_userspace(&self, stats: Arc<dyn crate::userspace::UserspaceStats>) {
+        if let Ok(mut slot) = self.inner.userspace.lock() {
+            *slot = Some(stats);
+        }
+    }
+
+    /// The userspace proxy table; `None` outside userspace mode (or before it is set).
+    pub fn userspace_table(&self) -> Option<String> {
+        let slot = self.inner.userspace.lock().ok()?.clone()?;
+        Some(slot.table())
+    }
+
     /// The metrics in the Prometheus text format 0.0.4.
     ///
     /// # Errors
@@ -459,6 +476,11 @@ impl Metrics {
 /// registered without `_total`, which the encoder appends.
 fn register(inner: &mut Inner) {
     let r = &mut inner.registry;
+    if inner.mode == ProxyMode::Userspace {
+        r.register_collector(Box::new(crate::userspace::UserspaceCollector {
+            slot: inner.userspace.clone(),
+        }));
+    }
     let alpha = |help: &str| format!("[ALPHA] {help}");
     r.register(
         "kubeproxy_sync_proxy_rules_duration_seconds",
@@ -603,6 +625,7 @@ pub fn metrics_router(metrics: Metrics) -> Router {
         .route("/healthz", any(ok_handler))
         .route("/healthz/ping", any(ok_handler))
         .route("/proxyMode", any(proxy_mode_handler))
+        .route("/userspace", any(userspace_handler))
         .with_state(metrics)
 }
 
@@ -636,6 +659,20 @@ async fn metrics_handler(State(metrics): State<Metrics>) -> Response {
 
 async fn ok_handler() -> Response {
     text_response(StatusCode::OK, "text/plain; charset=utf-8", "ok".into())
+}
+
+async fn userspace_handler(State(metrics): State<Metrics>) -> Response {
+    match metrics.userspace_table() {
+        Some(table) => text_response(StatusCode::OK, "text/plain; charset=utf-8", table),
+        None => text_response(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            format!(
+                "no userspace proxy table: this kube-proxy-rs runs in {} mode\n",
+                metrics.mode()
+            ),
+        ),
+    }
 }
 
 async fn proxy_mode_handler(State(metrics): State<Metrics>) -> Response {
