@@ -28,9 +28,10 @@ pub enum Command {
     /// Build a network-namespace sandbox (client, node, backends), run the proxy in it, send
     /// requests to every Service and report which backends answered. Needs root.
     Sandbox(SandboxArgs),
-    /// Explain where a packet goes through a node's rules (iptables, nftables or IPVS mode):
-    /// this node's (`--live`) or dumps from any kube-proxy (`--rules FILE`: `iptables-save`,
-    /// partial dumps accepted, or nft; IPVS mode adds `--ipsets` and `--ipvs`).
+    /// Explain where a packet goes through a node's rules (iptables, nftables, IPVS or
+    /// userspace mode): this node's (`--live`) or dumps from any kube-proxy (`--rules FILE`:
+    /// `iptables-save`, partial dumps accepted, or nft; IPVS mode adds `--ipsets` and
+    /// `--ipvs`, userspace mode `--userspace`).
     Trace(TraceArgs),
 }
 
@@ -117,6 +118,14 @@ pub struct TraceArgs {
     #[arg(long, value_name = "FILE")]
     pub ipvs: Option<PathBuf>,
 
+    /// Userspace mode: the proxy's table of listeners, as the daemon serves it (`curl
+    /// http://127.0.0.1:10249/userspace`) and prints with --dry-run. Traces the --rules dump
+    /// as kube-proxy's userspace mode: the portal rules, then the proxy's choice of
+    /// endpoint; with --live (and --mode userspace or auto) the table is read from
+    /// http://127.0.0.1:10249/userspace.
+    #[arg(long, value_name = "FILE")]
+    pub userspace: Option<PathBuf>,
+
     /// `ipset save` output, for `-m set` matches (read automatically with --live).
     #[arg(long, value_name = "FILE")]
     pub ipsets: Option<PathBuf>,
@@ -132,8 +141,10 @@ pub struct TraceArgs {
 
     /// Which rules to trace: `auto` (with --live: nftables if the node has kube-proxy's
     /// table `ip kube-proxy` / `ip6 kube-proxy`, else IPVS mode if the node has IPVS
-    /// virtual servers, else iptables; with --rules: by the dump's format, IPVS mode with
-    /// --ipvs), `iptables`, `nftables` or `ipvs`.
+    /// virtual servers, else userspace mode if its iptables rules have the KUBE-PORTALS
+    /// chains and the proxy's table can be read, else iptables; with --rules: by the
+    /// dump's format, IPVS mode with --ipvs, userspace mode with --userspace), `iptables`,
+    /// `nftables`, `ipvs` or `userspace`.
     #[arg(long, value_enum, default_value = "auto")]
     pub mode: crate::trace::TraceMode,
 }

@@ -19,6 +19,14 @@
 //! ([`kp_trace::trace_ipvs`]). The addresses of the virtual servers and the members of
 //! `KUBE-IPVS-IPS` are kube-ipvs0's (or the node's) addresses, so a dump's trace takes
 //! them as local addresses, with a note.
+//!
+//! Userspace mode (`--userspace FILE`, the proxy's table as the daemon serves it at
+//! `GET /userspace` on its metrics address, or `--mode userspace`; `auto` with `--live`
+//! when the node's iptables rules have userspace mode's `KUBE-PORTALS-*` chains and the
+//! table can be read from `http://127.0.0.1:10249/userspace`): the portal rules and then
+//! the proxy's own choice of endpoint ([`kp_trace::trace_userspace`]). For a dump, the
+//! addresses `KUBE-PORTALS-HOST` DNATs to are the node's, and are taken as local
+//! addresses, with a note.
 
 use std::io::Read as _;
 use std::net::IpAddr;
@@ -31,7 +39,10 @@ use kp_netfilter::{
 };
 use kp_proxier::{Host as _, RealHost};
 use kp_trace::nft::{NftRuleset, looks_like_json, parse_nft_json};
-use kp_trace::{Entry, Host, IpvsTable, Packet, render_text, trace, trace_ipvs, trace_nft};
+use kp_trace::{
+    Entry, Host, IpvsTable, Packet, UserspaceTable, portal_node_addresses, render_text, trace,
+    trace_ipvs, trace_nft, trace_userspace,
+};
 
 use crate::cli::{TraceArgs, TraceFrom, TraceProto};
 
@@ -42,8 +53,10 @@ const LOCALNET_GUARD: &str = "block incoming localnet connections";
 /// `trace --mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum TraceMode {
-    /// A dump: by its format (IPVS mode with `--ipvs`); live: nftables if kube-proxy's nft
-    /// table exists, else IPVS if the node has virtual servers, else iptables.
+    /// A dump: by its format (IPVS mode with `--ipvs`, userspace mode with `--userspace`);
+    /// live: nftables if kube-proxy's nft table exists, else IPVS if the node has virtual
+    /// servers, else userspace mode if the rules have the KUBE-PORTALS chains and the
+    /// proxy's table can be read, else iptables.
     Auto,
     /// iptables rules (`iptables-save`).
     Iptables,
@@ -52,7 +65,20 @@ pub enum TraceMode {
     /// kube-proxy's IPVS mode: iptables rules, ipsets and the IPVS table (`--ipvs FILE`
     /// for a dump).
     Ipvs,
+    /// kube-proxy's userspace mode: iptables portal rules and the proxy's table
+    /// (`--userspace FILE` for a dump; with --live read from
+    /// http://127.0.0.1:10249/userspace).
+    Userspace,
 }
+
+/// Where `--live` reads the userspace proxy's table: the daemon's default metrics address.
+pub const LIVE_USERSPACE_URL: &str = "http://127.0.0.1:10249/userspace";
+
+/// The address and path of [`LIVE_USERSPACE_URL`].
+const LIVE_USERSPACE: (&str, &str) = ("127.0.0.1:10249", "/userspace");
+
+/// The chains only userspace mode's rules have.
+const PORTAL_CHAINS: [&str; 2] = ["KUBE-PORTALS-CONTAINER", "KUBE-PORTALS-HOST"];
 
 /// The rules to trace.
 enum Rules {
@@ -268,7 +294,214 @@ fn load_ipvs(args: &TraceArgs, live_auto: bool) -> anyhow::Result<Option<IpvsTab
     }
 }
 
+/// Whether the flags ask for userspace mode.
+fn userspace_asked(args: &TraceArgs) -> bool {
+    args.mode == TraceMode::Userspace || args.userspace.is_some()
+}
+
+/// Refuses flags that ask for two modes at once.
+fn check_mode_flags(args: &TraceArgs) -> anyhow::Result<()> {
+    if args.userspace.is_some() && !matches!(args.mode, TraceMode::Auto | TraceMode::Userspace) {
+        bail!(
+            "--userspace is userspace mode, which traces iptables rules with the proxy's table: \
+             drop --mode {} (or use --mode userspace)",
+            args.mode
+                .to_possible_value()
+                .map_or_else(String::new, |v| v.get_name().to_string())
+        );
+    }
+    if userspace_asked(args) && (args.ipvs.is_some() || args.mode == TraceMode::Ipvs) {
+        bail!("--ipvs is IPVS mode and --userspace userspace mode: pass one of them");
+    }
+    Ok(())
+}
+
+/// Userspace mode's jumps from the built-in chains (table, chain, rule, whether it goes
+/// at the end), as kube-proxy's userspace mode installs them.
+const USERSPACE_JUMPS: [(&str, &str, &str, bool); 5] = [
+    (
+        "nat",
+        "PREROUTING",
+        "-A PREROUTING -m comment --comment \"handle ClusterIPs; NOTE: this must be before the NodePort rules\" -j KUBE-PORTALS-CONTAINER",
+        false,
+    ),
+    (
+        "nat",
+        "PREROUTING",
+        "-A PREROUTING -m addrtype --dst-type LOCAL -m comment --comment \"handle service NodePorts; NOTE: this must be the last rule in the chain\" -j KUBE-NODEPORT-CONTAINER",
+        true,
+    ),
+    (
+        "nat",
+        "OUTPUT",
+        "-A OUTPUT -m comment --comment \"handle ClusterIPs; NOTE: this must be before the NodePort rules\" -j KUBE-PORTALS-HOST",
+        false,
+    ),
+    (
+        "nat",
+        "OUTPUT",
+        "-A OUTPUT -m addrtype --dst-type LOCAL -m comment --comment \"handle service NodePorts; NOTE: this must be the last rule in the chain\" -j KUBE-NODEPORT-HOST",
+        true,
+    ),
+    (
+        "filter",
+        "INPUT",
+        "-A INPUT -m comment --comment \"Ensure that non-local NodePort traffic can flow\" -j KUBE-NODEPORT-NON-LOCAL",
+        false,
+    ),
+];
+
+/// Adds each of [`USERSPACE_JUMPS`] to a dump that has the chain it leads to but not the
+/// jump, where userspace mode puts it (the portals first, the NodePorts last); a note each.
+fn complete_userspace_jumps(rules: &mut Ruleset) -> Vec<String> {
+    use kp_netfilter::Table;
+    let mut notes = Vec::new();
+    for (table, chain, line, append) in USERSPACE_JUMPS {
+        let t = match table {
+            "nat" => Table::Nat,
+            _ => Table::Filter,
+        };
+        let Some(target) = line.rsplit(' ').next() else {
+            continue;
+        };
+        let Some(tbl) = rules.tables.get_mut(&t) else {
+            continue;
+        };
+        if !tbl.chains.contains_key(target) {
+            continue;
+        }
+        let has = tbl
+            .chains
+            .get(chain)
+            .is_some_and(|c| c.rules.iter().any(|r| r.jump_chain() == Some(target)));
+        if has {
+            continue;
+        }
+        let doc = format!("*{table}\n:{chain} ACCEPT [0:0]\n:{target} - [0:0]\n{line}\nCOMMIT\n");
+        let Some((mut builtin, rule)) = parse_save(&doc).ok().and_then(|p| {
+            let c = p.chain(t, chain)?;
+            Some((c.clone(), c.rules.first()?.clone()))
+        }) else {
+            continue;
+        };
+        builtin.rules.clear();
+        let rules_of = &mut tbl.chains.entry(chain.to_string()).or_insert(builtin).rules;
+        if append {
+            rules_of.push(rule);
+        } else {
+            rules_of.insert(0, rule);
+        }
+        notes.push(format!(
+            "assumed kube-proxy's jump {table} {chain}: {line}, which the dump does not contain \
+             (it has the chain the jump leads to; kube-proxy's userspace mode installs this jump)"
+        ));
+    }
+    notes
+}
+
+/// Whether `rules` have userspace mode's portal chains.
+fn has_portal_chains(rules: &Ruleset) -> bool {
+    PORTAL_CHAINS
+        .iter()
+        .any(|c| rules.chain(kp_netfilter::Table::Nat, c).is_some())
+}
+
+/// `GET /userspace` from the daemon's default metrics address.
+fn fetch_live_userspace() -> anyhow::Result<String> {
+    use std::io::Write as _;
+    use std::time::Duration;
+    let (addr, path) = LIVE_USERSPACE;
+    let sock: std::net::SocketAddr = addr.parse()?;
+    let timeout = Duration::from_secs(5);
+    let mut conn = std::net::TcpStream::connect_timeout(&sock, timeout)
+        .with_context(|| format!("connecting to {addr}"))?;
+    conn.set_read_timeout(Some(timeout))?;
+    conn.set_write_timeout(Some(timeout))?;
+    write!(
+        conn,
+        "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).context("reading the answer")?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("not an HTTP answer"))?;
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
+        bail!("the answer is `{status}'");
+    }
+    Ok(body.to_string())
+}
+
+/// The userspace proxy's table: `--userspace FILE`, or with `--live` the daemon's
+/// (`--mode userspace`, or `auto` when `rules` have the portal chains). `Ok(None)`: not
+/// userspace mode.
+fn load_userspace(args: &TraceArgs, rules: &Rules) -> anyhow::Result<Option<UserspaceTable>> {
+    if let Some(path) = &args.userspace {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        return UserspaceTable::parse(&text)
+            .map(Some)
+            .map_err(|e| anyhow!("{}: {e}", path.display()));
+    }
+    let portals = matches!(rules, Rules::Iptables(r, _, _) if has_portal_chains(r));
+    if !args.live {
+        if args.mode == TraceMode::Userspace {
+            bail!(
+                "--mode userspace with a dump needs the proxy's table: pass --userspace FILE \
+                 (on the node: curl {LIVE_USERSPACE_URL} > table.txt)"
+            );
+        }
+        return Ok(None);
+    }
+    if args.mode != TraceMode::Userspace && !(args.mode == TraceMode::Auto && portals) {
+        return Ok(None);
+    }
+    let table = fetch_live_userspace().and_then(|text| {
+        UserspaceTable::parse(&text).map_err(|e| anyhow!("{LIVE_USERSPACE_URL}: {e}"))
+    });
+    match table {
+        Ok(t) => Ok(Some(t)),
+        Err(e) if args.mode == TraceMode::Userspace => bail!(
+            "--live in userspace mode reads the proxy's table from {LIVE_USERSPACE_URL}, which \
+             failed ({e:#}); if the daemon serves metrics elsewhere (--metrics-bind-address), \
+             pass --userspace FILE: curl http://ADDRESS/userspace > table.txt"
+        ),
+        Err(e) => {
+            eprintln!(
+                "note: this node's rules have userspace mode's KUBE-PORTALS chains, but the \
+                 proxy's table could not be read from {LIVE_USERSPACE_URL} ({e:#}): tracing \
+                 the iptables rules alone; pass --userspace FILE to follow the proxy"
+            );
+            Ok(None)
+        }
+    }
+}
+
 fn load_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<Rules> {
+    if userspace_asked(args) {
+        if args.mode == TraceMode::Nftables {
+            bail!(
+                "--userspace is userspace mode, which traces iptables rules: drop --mode nftables"
+            );
+        }
+        if args.live {
+            return parse_iptables(live_iptables(version)?, false);
+        }
+        let text = read_dump(args)?;
+        if looks_like_json(&text) {
+            bail!(
+                "userspace mode needs the node's iptables rules (`iptables-save`), but the rules \
+                 are JSON"
+            );
+        }
+        let mut rules = parse_iptables(text, false)?;
+        if let Rules::Iptables(r, _, notes) = &mut rules {
+            notes.extend(complete_userspace_jumps(r));
+        }
+        return Ok(rules);
+    }
     if args.mode == TraceMode::Ipvs || args.ipvs.is_some() {
         if args.mode == TraceMode::Nftables {
             bail!("--ipvs is IPVS mode, which traces iptables rules: drop --mode nftables");
@@ -309,7 +542,9 @@ fn load_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<Rules> {
         };
     }
     match args.mode {
-        TraceMode::Iptables | TraceMode::Ipvs => parse_iptables(live_iptables(version)?, false),
+        TraceMode::Iptables | TraceMode::Ipvs | TraceMode::Userspace => {
+            parse_iptables(live_iptables(version)?, false)
+        }
         TraceMode::Nftables => Ok(Rules::Nftables(live_nft()?)),
         TraceMode::Auto => match live_nft() {
             Ok(nft) if nft.has_kube_proxy() => {
@@ -337,13 +572,40 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         IpAddr::V4(_) => IpVersion::V4,
         IpAddr::V6(_) => IpVersion::V6,
     };
+    check_mode_flags(&args)?;
     let rules = load_rules(&args, version)?;
     let nft = matches!(rules, Rules::Nftables(_));
-    let ipvs = if nft {
+    let ipvs = if nft || userspace_asked(&args) {
         None
     } else {
         load_ipvs(&args, args.mode == TraceMode::Auto)?
     };
+    let userspace = if nft || ipvs.is_some() {
+        None
+    } else {
+        load_userspace(&args, &rules)?
+    };
+    if userspace.is_some() && args.live && args.mode == TraceMode::Auto {
+        eprintln!(
+            "note: tracing userspace mode (this node's rules have the KUBE-PORTALS chains and \
+             its proxy's table was read from {LIVE_USERSPACE_URL}); --mode iptables traces its \
+             iptables rules alone"
+        );
+    }
+    let mut userspace_notes = Vec::new();
+    if let Rules::Iptables(r, _, _) = &rules
+        && userspace.is_none()
+        && ipvs.is_none()
+        && !args.live
+        && has_portal_chains(r)
+    {
+        userspace_notes.push(format!(
+            "these are kube-proxy's userspace mode's rules (KUBE-PORTALS chains): they send \
+             Service traffic to the proxy's own listeners; pass --userspace FILE, the proxy's \
+             table (on the node: curl {LIVE_USERSPACE_URL} > table.txt), to follow the proxy to \
+             the endpoints"
+        ));
+    }
     if ipvs.is_some() && args.live && args.mode == TraceMode::Auto {
         eprintln!(
             "note: tracing IPVS mode (this node has IPVS virtual servers); --mode iptables \
@@ -359,10 +621,28 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
                 .context("reading this node's addresses")?,
         );
     }
-    let mut host = Host::new(local.iter().copied());
     // Without --node-ip or --live the node's addresses are unknown: NodePort-style
     // `addrtype --dst-type LOCAL` / `fib daddr type local` tests are then unknown.
-    host.local_addrs_incomplete = local.is_empty();
+    let incomplete = local.is_empty();
+    if let (Some(_), Rules::Iptables(r, _, _), false) = (&userspace, &rules, args.live) {
+        // Userspace mode DNATs the node's own packets for a Service to the node's primary
+        // address.
+        let assumed: Vec<IpAddr> = portal_node_addresses(r)
+            .into_iter()
+            .filter(|ip| !ip.is_loopback() && !local.contains(ip))
+            .collect();
+        if !assumed.is_empty() {
+            let list: Vec<String> = assumed.iter().map(ToString::to_string).collect();
+            userspace_notes.push(format!(
+                "took {} as local addresses of the node: userspace mode's KUBE-PORTALS-HOST and \
+                 KUBE-NODEPORT-HOST rules DNAT the node's own packets to its primary address",
+                list.join(", ")
+            ));
+            local.extend(assumed);
+        }
+    }
+    let mut host = Host::new(local.iter().copied());
+    host.local_addrs_incomplete = incomplete;
     host.route_localnet = match (args.route_localnet, args.live) {
         (Some(v), _) => v,
         (None, true) => {
@@ -516,12 +796,14 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
             p
         }
     };
-    let mut result = match (&rules, &ipvs) {
-        (Rules::Iptables(r, _, _), Some(t)) => trace_ipvs(r, t, &host, &packet),
-        (Rules::Iptables(r, _, _), None) => trace(r, &host, &packet),
-        (Rules::Nftables(r), _) => trace_nft(r, &host, &packet),
+    let mut result = match (&rules, &ipvs, &userspace) {
+        (Rules::Iptables(r, _, _), Some(t), _) => trace_ipvs(r, t, &host, &packet),
+        (Rules::Iptables(r, _, _), None, Some(t)) => trace_userspace(r, t, &host, &packet),
+        (Rules::Iptables(r, _, _), None, None) => trace(r, &host, &packet),
+        (Rules::Nftables(r), _, _) => trace_nft(r, &host, &packet),
     }
     .map_err(|e| anyhow!("{e}"))?;
+    result.notes.splice(0..0, userspace_notes);
     result.notes.splice(0..0, ipvs_notes);
     if let Rules::Iptables(_, _, notes) = &rules {
         result.notes.splice(0..0, notes.iter().cloned());

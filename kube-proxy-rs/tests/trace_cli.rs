@@ -1,10 +1,10 @@
 //! `kube-proxy-rs trace` as an operator runs it: on upstream kube-proxy's seed dump, on a
-//! hand-written dump, on an `nft -j list ruleset` dump, and on live rules (iptables and
-//! nftables) in a network namespace.
+//! hand-written dump, on an `nft -j list ruleset` dump, on IPVS-mode and userspace-mode
+//! dumps, and on live rules (iptables, nftables and userspace mode) in a network namespace.
 
 mod common;
 
-use common::{BIN, run};
+use common::{BIN, run, run_in};
 use kp_testkit::golden::SEED_CLUSTER;
 use kp_testkit::{Netns, require_root};
 
@@ -1152,4 +1152,341 @@ fn ipvs_mode_refuses_an_ipvsadm_listing_naming_the_form_it_needs() {
         err.contains("ipvsadm -Ln") && err.contains("ipvsadm -Sn"),
         "{err}"
     );
+}
+
+/// Userspace-mode dumps: the portal rules (`iptables-save`) and the proxy's table.
+fn userspace_dump(file: &str) -> String {
+    format!("{}/tests/data/userspace/{file}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `trace --rules R --userspace T` for the userspace dumps, plus `extra` flags.
+fn userspace_trace(extra: &[&str]) -> (bool, String, String) {
+    let (r, t) = (
+        userspace_dump("iptables-save.txt"),
+        userspace_dump("userspace.txt"),
+    );
+    let mut args = vec!["trace", "--rules", &r, "--userspace", &t];
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
+#[test]
+fn userspace_mode_on_a_dump() {
+    // From a pod: REDIRECT to the proxy, which connects to an endpoint from the node.
+    let (ok, out, err) = userspace_trace(&[
+        "--from",
+        "pod",
+        "--src",
+        "10.0.0.9",
+        "--dst",
+        "10.96.0.10",
+        "--dport",
+        "80",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(
+            "-j REDIRECT --to-ports 36001  (REDIRECT: destination now 192.168.56.10:36001"
+        ),
+        "{out}"
+    );
+    for ep in ["10.0.1.4:80", "10.0.2.5:80"] {
+        assert!(
+            out.contains(&format!(
+                "50.0%  -> userspace proxy TCP 0.0.0.0:36001  connects to {ep}  proxied, masqueraded, filter ACCEPT"
+            )),
+            "{out}"
+        );
+    }
+    assert!(
+        out.contains("round robin, retrying the next one if a connect fails"),
+        "{out}"
+    );
+    // The node's address is taken from KUBE-PORTALS-HOST, with a note.
+    assert!(
+        out.contains("took 192.168.56.10 as local addresses"),
+        "{out}"
+    );
+
+    // From the node (its address, from the rules, is the default source): DNAT to the
+    // node's address and port, then the proxy.
+    let (ok, out, err) =
+        userspace_trace(&["--from", "node", "--dst", "10.96.0.10", "--dport", "80"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("packet tcp 192.168.56.10:40000 -> 10.96.0.10:80"),
+        "{out}"
+    );
+    assert!(
+        out.contains("--to-destination 192.168.56.10:36001"),
+        "{out}"
+    );
+    assert!(out.contains("connects to 10.0.2.5:80  proxied"), "{out}");
+
+    // A NodePort from outside: the external listener, with its session affinity.
+    let (ok, out, _) = userspace_trace(&["--dst", "192.168.56.10", "--dport", "30080"]);
+    assert!(ok);
+    assert!(
+        out.contains("100.0%  -> userspace proxy TCP 0.0.0.0:36002  connects to 10.0.1.4:80"),
+        "{out}"
+    );
+    assert!(
+        out.contains("session affinity by client IP (10800 s)"),
+        "{out}"
+    );
+
+    // No endpoints: the proxy resets the connection.
+    let (ok, out, _) = userspace_trace(&["--dst", "10.96.0.20", "--dport", "80"]);
+    assert!(ok);
+    assert!(
+        out.contains("rejected, not masqueraded, REJECT tcp-reset by userspace proxy TCP 0.0.0.0:36004 (no endpoints)"),
+        "{out}"
+    );
+
+    // JSON says which mode.
+    let (ok, out, _) = userspace_trace(&["--dst", "10.96.0.10", "--dport", "80", "--json"]);
+    assert!(ok);
+    assert!(out.contains("\"mode\": \"Userspace\""), "{out}");
+    // `--mode userspace` is the same.
+    let (ok, out2, _) = userspace_trace(&[
+        "--mode",
+        "userspace",
+        "--dst",
+        "10.96.0.10",
+        "--dport",
+        "80",
+        "--json",
+    ]);
+    assert!(ok);
+    assert_eq!(out, out2);
+}
+
+#[test]
+fn userspace_rules_without_the_table_are_traced_as_iptables_with_a_hint() {
+    let r = userspace_dump("iptables-save.txt");
+    let (ok, out, err) = run(&[
+        "trace",
+        "--rules",
+        &r,
+        "--dst",
+        "10.96.0.10",
+        "--dport",
+        "80",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("DNAT (incoming interface's address):36001  delivered locally"),
+        "{out}"
+    );
+    assert!(
+        out.contains("pass --userspace FILE")
+            && out.contains("curl http://127.0.0.1:10249/userspace"),
+        "{out}"
+    );
+    // --mode userspace insists on the table.
+    let (ok, _, err) = run(&[
+        "trace",
+        "--rules",
+        &r,
+        "--mode",
+        "userspace",
+        "--dst",
+        "10.96.0.10",
+        "--dport",
+        "80",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("--userspace FILE") && err.contains("curl http://127.0.0.1:10249/userspace"),
+        "{err}"
+    );
+}
+
+#[test]
+fn userspace_mode_refuses_contradictory_flags_and_bad_tables() {
+    let (r, t) = (
+        userspace_dump("iptables-save.txt"),
+        userspace_dump("userspace.txt"),
+    );
+    let base = [
+        "trace",
+        "--rules",
+        &r,
+        "--userspace",
+        &t,
+        "--dst",
+        "10.96.0.10",
+        "--dport",
+        "80",
+    ];
+    let with = |extra: &[&str]| run(&[&base[..], extra].concat());
+    let (ok, _, err) = with(&["--mode", "nftables"]);
+    assert!(!ok && err.contains("drop --mode nftables"), "{err}");
+    let (ok, _, err) = with(&["--mode", "iptables"]);
+    assert!(!ok && err.contains("--mode userspace"), "{err}");
+    let ipvs = ipvs_dump("ipvs-ours", "ipvsadm-Sn.txt");
+    let (ok, _, err) = with(&["--ipvs", &ipvs]);
+    assert!(!ok && err.contains("pass one of them"), "{err}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("table.txt");
+    std::fs::write(
+        &bad,
+        "# header\nTCP 0.0.0.0:36001 default/web:http internal none 10.0.1.4:80\nTCP 0.0.0.0:36002 default/web:http sideways none -\n",
+    )
+    .unwrap();
+    let (ok, _, err) = run(&[
+        "trace",
+        "--rules",
+        &r,
+        "--userspace",
+        bad.to_str().unwrap(),
+        "--dst",
+        "10.96.0.10",
+        "--dport",
+        "80",
+    ]);
+    assert!(!ok);
+    assert!(
+        err.contains("table.txt") && err.contains("line 3") && err.contains("field scope"),
+        "{err}"
+    );
+}
+
+#[test]
+fn userspace_mode_completes_its_jumps_missing_from_a_partial_dump() {
+    let full = std::fs::read_to_string(userspace_dump("iptables-save.txt")).unwrap();
+    // `iptables-save | grep -E '^\*|^COMMIT|PORTALS|NODEPORT-(CONTAINER|NON-LOCAL)'`,
+    // minus the built-in chains' jumps.
+    let partial: String = full
+        .lines()
+        .filter(|l| !l.starts_with("-A PREROUTING") && !l.starts_with("-A INPUT"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("partial.txt");
+    std::fs::write(&path, partial).unwrap();
+    let t = userspace_dump("userspace.txt");
+    let (ok, out, err) = run(&[
+        "trace",
+        "--rules",
+        path.to_str().unwrap(),
+        "--userspace",
+        &t,
+        "--dst",
+        "192.168.56.10",
+        "--dport",
+        "30080",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("connects to 10.0.1.4:80  proxied"), "{out}");
+    for chain in [
+        "KUBE-PORTALS-CONTAINER",
+        "KUBE-NODEPORT-CONTAINER",
+        "KUBE-NODEPORT-NON-LOCAL",
+    ] {
+        assert!(
+            out.contains("assumed kube-proxy's jump")
+                && out.contains(&format!("-j {chain}, which the dump does not contain")),
+            "{chain}: {out}"
+        );
+    }
+    // The NodePort jump goes last in PREROUTING, after the portals.
+    let pre = out
+        .lines()
+        .filter(|l| l.starts_with("nat PREROUTING"))
+        .collect::<Vec<_>>();
+    assert!(pre[0].ends_with("-j KUBE-PORTALS-CONTAINER"), "{out}");
+    assert!(pre[1].ends_with("-j KUBE-NODEPORT-CONTAINER"), "{out}");
+}
+
+#[test]
+fn traces_live_userspace_rules_in_a_namespace() {
+    if !require_root() {
+        return;
+    }
+    use std::io::{BufRead as _, BufReader, Write as _};
+    let ns = Netns::new("trace-us").unwrap();
+    let rules = std::fs::read_to_string(userspace_dump("iptables-save.txt")).unwrap();
+    let mut restore = ns
+        .command("iptables-restore")
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    restore
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(rules.as_bytes())
+        .unwrap();
+    assert!(restore.wait().unwrap().success());
+    ns.run("ip", ["addr", "add", "192.168.56.10/24", "dev", "lo"])
+        .unwrap();
+    let trace = |args: &[&str]| {
+        let mut all = vec!["trace", "--live"];
+        all.extend_from_slice(args);
+        run_in(&ns, &all)
+    };
+    let pod = [
+        "--from",
+        "pod",
+        "--src",
+        "10.0.0.9",
+        "--dst",
+        "10.96.0.10",
+        "--dport",
+        "80",
+    ];
+
+    // No daemon: `auto` traces the iptables rules alone and says why; `--mode userspace`
+    // fails naming the way out.
+    let (ok, out, err) = trace(&pod);
+    assert!(ok, "{err}");
+    assert!(
+        err.contains("could not be read from http://127.0.0.1:10249/userspace"),
+        "{err}"
+    );
+    assert!(
+        out.contains("DNAT 192.168.56.10:36001  delivered locally"),
+        "{out}"
+    );
+    let (ok, _, err) = trace(&[&["--mode", "userspace"][..], &pod[..]].concat());
+    assert!(!ok);
+    assert!(err.contains("--userspace FILE"), "{err}");
+
+    // The daemon's table, served where the daemon serves it.
+    let table = std::fs::read_to_string(userspace_dump("userspace.txt")).unwrap();
+    let listener = ns
+        .in_ns(|| std::net::TcpListener::bind("127.0.0.1:10249"))
+        .unwrap()
+        .unwrap();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut request = String::new();
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            while reader.read_line(&mut request).is_ok_and(|n| n > 2) {}
+            let (status, body) = if request.starts_with("GET /userspace ") {
+                ("200 OK", table.as_str())
+            } else {
+                ("404 Not Found", "")
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.0 {status}\r\nContent-Type: text/plain\r\n\r\n{body}"
+            );
+        }
+    });
+    let (ok, out, err) = trace(&pod);
+    assert!(ok, "{err}");
+    assert!(err.contains("tracing userspace mode"), "{err}");
+    assert!(
+        out.contains(
+            "50.0%  -> userspace proxy TCP 0.0.0.0:36001  connects to 10.0.1.4:80  proxied"
+        ),
+        "{out}"
+    );
+    let (ok, out, err) = trace(&[&["--mode", "userspace"][..], &pod[..]].concat());
+    assert!(ok, "{err}");
+    assert!(out.contains("connects to 10.0.2.5:80  proxied"), "{out}");
 }

@@ -166,6 +166,9 @@ pub(crate) struct State<X> {
     pub(crate) routing_drop: bool,
     /// The routing decision, once taken.
     pub(crate) path: Option<Path>,
+    /// A REDIRECT sent the packet to a local address the tracer cannot name (the node's
+    /// addresses were not given): the routing decision delivers it locally.
+    pub(crate) redirected_local: bool,
     /// The engine's own state.
     pub(crate) ext: X,
 }
@@ -195,6 +198,7 @@ impl<X> State<X> {
             verdict: None,
             routing_drop: false,
             path: None,
+            redirected_local: false,
             ext,
         }
     }
@@ -398,7 +402,7 @@ impl<'a> Core<'a> {
                 st.routing_drop = true;
                 // The two tracers word this note differently.
                 let packets = match self.mode {
-                    Mode::Iptables | Mode::Ipvs => format!("{prep} {addr}"),
+                    Mode::Iptables | Mode::Ipvs | Mode::Userspace => format!("{prep} {addr}"),
                     Mode::Nftables => format!("with {what} {addr}"),
                 };
                 self.note(format!(
@@ -409,7 +413,7 @@ impl<'a> Core<'a> {
                 return;
             }
         }
-        if self.host.is_local(st.dst) {
+        if st.redirected_local || self.host.is_local(st.dst) {
             st.path = Some(Path::Local);
             st.out_iface = Iface::Absent;
         } else {

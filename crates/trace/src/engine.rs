@@ -13,22 +13,25 @@
 //!
 //! The branch state, the routing decisions and the assembly of the result are shared
 //! with the nftables tracer ([`crate::common`]); the tables, chains, matches and targets
-//! of iptables are here.
+//! of iptables are here. IPVS mode's traversal is in `ipvs_mode`, userspace mode's proxy
+//! step in `userspace_mode`.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use kp_netfilter::{
     AddrKind, AddrType, Chain, Cidr, ConnState, Conntrack, CtStatus, IpVersion, Match, Multiport,
-    MultiportKind, NatRange, PortMatch, Recent, RecentCommand, Rule, Ruleset, SetFlag, SetMatch,
-    StatisticMode, Table, Target,
+    MultiportKind, NatRange, PortMatch, PortRange, Recent, RecentCommand, Rule, Ruleset, SetFlag,
+    SetMatch, StatisticMode, Table, Target,
 };
 
 use crate::common::{self, Core, Flow, Iface, Path, loop_back_local};
 use crate::host::{Dim, SetValue};
 use crate::ipvs::IpvsTable;
+use crate::userspace::UserspaceTable;
 
 mod ipvs_mode;
+mod userspace_mode;
 use crate::packet::endpoint;
 use crate::result::{Effect, Mode, Step, Trace, Verdict};
 use crate::{Entry, Host, Packet, Proto, TraceError, TraceOptions};
@@ -48,6 +51,20 @@ struct Ext {
     /// IPVS mode: the packet was scheduled at LOCAL_IN to a real server elsewhere and is
     /// sent out through LOCAL_OUT and POSTROUTING (not through FORWARD).
     ipvs_out: bool,
+    /// A REDIRECT in PREROUTING sent the packet to an address of its incoming interface
+    /// that the tracer cannot name (no node address of the family was given): `dst` is the
+    /// unspecified address, and matches on the destination address are unknown.
+    dst_unknown: bool,
+}
+
+/// The nat hooks where `-j REDIRECT` is valid: it redirects to a local address that
+/// depends on the hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RedirectHook {
+    /// nat PREROUTING: the primary address of the incoming interface.
+    Prerouting,
+    /// nat OUTPUT: the loopback address.
+    Output,
 }
 
 /// One branch's view of the packet and its history.
@@ -82,6 +99,10 @@ pub(crate) struct Engine<'a> {
     rules: &'a Ruleset,
     /// IPVS mode: the IPVS table.
     ipvs: Option<&'a IpvsTable>,
+    /// Userspace mode: the proxy's listeners.
+    userspace: Option<&'a UserspaceTable>,
+    /// The builtin chain being traversed, when REDIRECT is valid there.
+    redirect_at: Option<RedirectHook>,
     /// The packet, the host, the notes.
     core: Core<'a>,
 }
@@ -110,6 +131,20 @@ impl<'a> Engine<'a> {
         Engine::checked(rules, Some(ipvs), core)
     }
 
+    /// Checks the inputs and prepares a userspace-mode trace.
+    pub(crate) fn new_userspace(
+        rules: &'a Ruleset,
+        table: &'a UserspaceTable,
+        host: &'a Host,
+        packet: &'a Packet,
+        opts: &TraceOptions,
+    ) -> Result<Engine<'a>, TraceError> {
+        let core = Core::new(Mode::Userspace, host, packet, opts)?;
+        let mut e = Engine::checked(rules, None, core)?;
+        e.userspace = Some(table);
+        Ok(e)
+    }
+
     fn checked(
         rules: &'a Ruleset,
         ipvs: Option<&'a IpvsTable>,
@@ -123,7 +158,13 @@ impl<'a> Engine<'a> {
                 ruleset: only,
             });
         }
-        Ok(Engine { rules, ipvs, core })
+        Ok(Engine {
+            rules,
+            ipvs,
+            userspace: None,
+            redirect_at: None,
+            core,
+        })
     }
 
     /// Runs the trace.
@@ -226,6 +267,11 @@ impl<'a> Engine<'a> {
             return Ok(vec![st]);
         };
         let policy = chain.policy.as_deref().unwrap_or("ACCEPT");
+        self.redirect_at = match (table, hook) {
+            (Table::Nat, "PREROUTING") => Some(RedirectHook::Prerouting),
+            (Table::Nat, "OUTPUT") => Some(RedirectHook::Output),
+            _ => None,
+        };
         let res = self.run_chain(table, hook, chain, st, 0)?;
         let mut out = Vec::with_capacity(res.len());
         for (mut s, flow) in res {
@@ -416,6 +462,16 @@ impl<'a> Engine<'a> {
                         out.push((st, Flow::Accept));
                         break;
                     }
+                    Some(Target::Unknown { name: t, args })
+                        if t == "REDIRECT"
+                            && let Some(at) = self.redirect_at
+                            && let Some(to_ports) = redirect_ports(args) =>
+                    {
+                        let detail = self.apply_redirect(&mut st, to_ports, at, table, name, i);
+                        st.steps.push(step(Effect::Dnat, detail));
+                        out.push((st, Flow::Accept));
+                        break;
+                    }
                     Some(Target::Mark { value, mask }) => {
                         let old = st.mark;
                         st.mark = (old & !mask) ^ value;
@@ -463,6 +519,114 @@ impl<'a> Engine<'a> {
         st.dport = port;
         st.dnat = Some((addr, port));
         format!("destination now {}", endpoint(addr, port))
+    }
+
+    /// Applies a REDIRECT target (a DNAT to a local address: in nat OUTPUT the loopback
+    /// address, in nat PREROUTING the primary address of the incoming interface, port
+    /// `to_ports` or the original one); returns the step detail.
+    fn apply_redirect(
+        &mut self,
+        st: &mut State,
+        to_ports: Option<PortRange>,
+        at: RedirectHook,
+        table: Table,
+        chain: &str,
+        i: usize,
+    ) -> String {
+        let v6 = self.core.version == IpVersion::V6;
+        let mut known = true;
+        let addr = match at {
+            RedirectHook::Output => {
+                if v6 {
+                    IpAddr::V6(Ipv6Addr::LOCALHOST)
+                } else {
+                    IpAddr::V4(Ipv4Addr::LOCALHOST)
+                }
+            }
+            RedirectHook::Prerouting => match self.interface_address(st.dst) {
+                Some(a) => a,
+                None => {
+                    known = false;
+                    if v6 {
+                        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+                    } else {
+                        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+                    }
+                }
+            },
+        };
+        let port = match (to_ports, self.core.packet.proto.has_ports()) {
+            (Some(r), true) => {
+                if r.first != r.last {
+                    st.add_unknown(format!(
+                        "{table} {chain} rule index {i}: REDIRECT to the port range {}-{}: the \
+                         kernel picks one; traced with the first, {}",
+                        r.first, r.last, r.first
+                    ));
+                }
+                Some(r.first)
+            }
+            _ => st.dport,
+        };
+        if addr != st.dst || port != st.dport {
+            st.ct_dnat = true;
+        }
+        st.dst = addr;
+        st.dport = port;
+        st.dnat = Some((addr, port));
+        st.ext.dst_unknown = !known;
+        st.redirected_local = true;
+        let port_text = port.map_or_else(String::new, |p| format!(", port {p}"));
+        match (at, known) {
+            (RedirectHook::Output, _) => {
+                format!(
+                    "REDIRECT: destination now {} (the loopback address)",
+                    endpoint(addr, port)
+                )
+            }
+            (RedirectHook::Prerouting, true) => {
+                self.core.note(format!(
+                    "REDIRECT in nat PREROUTING sends the packet to the primary address of the \
+                     interface it arrived on; interface addresses are not modelled, so it is \
+                     traced as {addr}, the node's first {} address (an interface without an \
+                     address makes the kernel drop the packet)",
+                    if v6 { "IPv6" } else { "IPv4" }
+                ));
+                format!(
+                    "REDIRECT: destination now {} (an address of the incoming interface)",
+                    endpoint(addr, port)
+                )
+            }
+            (RedirectHook::Prerouting, false) => {
+                self.core.note(format!(
+                    "REDIRECT in nat PREROUTING sends the packet to the primary address of the \
+                     interface it arrived on, which the tracer cannot name (the node's \
+                     addresses were not given: --node-ip); shown as {addr}, and delivered \
+                     locally"
+                ));
+                format!(
+                    "REDIRECT: destination now the incoming interface's address{port_text} \
+                     (delivered locally)"
+                )
+            }
+        }
+    }
+
+    /// The address a REDIRECT in PREROUTING traces for a packet to `dst`: the node's first
+    /// address of the family that is not loopback (nor link-local in IPv6 unless `dst` is:
+    /// the kernel's choice among an interface's addresses); `None` without one.
+    fn interface_address(&self, dst: IpAddr) -> Option<IpAddr> {
+        let link_local = |ip: &IpAddr| match ip {
+            IpAddr::V6(a) => a.is_unicast_link_local(),
+            IpAddr::V4(_) => false,
+        };
+        self.core
+            .host
+            .local_addrs
+            .iter()
+            .copied()
+            .filter(|a| a.is_ipv4() == dst.is_ipv4() && !a.is_loopback() && !a.is_unspecified())
+            .find(|a| !link_local(a) || link_local(&dst))
     }
 
     /// Applies an SNAT target; returns the step detail.
@@ -640,6 +804,9 @@ impl<'a> Engine<'a> {
                     Pure::Unknown("source address after MASQUERADE is not known".into())
                 }
             }
+            Match::Destination { .. } if st.ext.dst_unknown && !m_is_any(m) => {
+                Pure::Unknown(DST_UNKNOWN.into())
+            }
             Match::Destination { net, negated } => pure(net.contains(st.dst) ^ negated),
             Match::InInterface { name, negated } => {
                 iface_match(&st.in_iface, name, *negated, "input interface")
@@ -785,7 +952,12 @@ impl<'a> Engine<'a> {
             if !known {
                 return Pure::Unknown("source address after MASQUERADE is not known".into());
             }
-            match self.addr_kind(addr) {
+            let kind = if dst_side && st.ext.dst_unknown {
+                Some(AddrKind::Local)
+            } else {
+                self.addr_kind(addr)
+            };
+            match kind {
                 Some(kind) => {
                     if sel.value.contains(&kind) == sel.negated {
                         return Pure::No;
@@ -891,6 +1063,9 @@ impl<'a> Engine<'a> {
                             "source address after MASQUERADE is not known".into(),
                         );
                     }
+                    if !src && st.ext.dst_unknown {
+                        return Pure::Unknown(DST_UNKNOWN.into());
+                    }
                     SetValue::Ip(if src { st.src } else { st.dst })
                 }
                 Dim::Port => match self.core.packet.proto {
@@ -914,8 +1089,13 @@ impl<'a> Engine<'a> {
         pure(set.test(&vals) ^ s.negated)
     }
 
-    /// Turns the final states into the trace, with the closing notes.
+    /// Turns the final states into the trace, with the closing notes (in userspace mode
+    /// after the proxy's step).
     fn finish(mut self, states: Vec<State>) -> Trace {
+        let states = match self.userspace {
+            Some(table) => self.proxy(table, states),
+            None => states,
+        };
         let outcomes: Vec<_> = states.into_iter().map(State::into_outcome).collect();
         if self.core.forwards_unchanged(&outcomes) {
             for n in self.no_dnat_notes(&outcomes) {
@@ -984,10 +1164,14 @@ impl<'a> Engine<'a> {
                 }
             }
         }
+        let (mode, rules_kind) = match self.core.mode {
+            Mode::Userspace => ("userspace mode", "REDIRECT and DNAT rules"),
+            _ => ("iptables mode", "DNAT rules"),
+        };
         let why = if p.proto == Proto::Icmp {
-            "this is why a ClusterIP cannot be pinged in iptables mode"
+            format!("this is why a ClusterIP cannot be pinged in {mode}")
         } else {
-            "the connection attempt gets no answer"
+            "the connection attempt gets no answer".to_string()
         };
         let mut notes = Vec::new();
         if !unreached.is_empty() {
@@ -1005,7 +1189,7 @@ impl<'a> Engine<'a> {
             notes.push(self.core.no_dnat_note(&reqs, |shown, more| format!(
                 "no DNAT: nat rules for {} only match {}{more}, which this {} packet does not; it \
                  is routed unchanged towards {}, an address no interface owns (a Service IP in \
-                 iptables mode exists only as DNAT rules for its ports), so nothing answers: {why}",
+                 {mode} exists only as {rules_kind} for its ports), so nothing answers: {why}",
                 p.dst,
                 shown,
                 p.proto,
@@ -1052,6 +1236,44 @@ fn requirement(chain: &str, r: &Rule) -> (String, String) {
     let what = parts.join(" ");
     let full = format!("{what} in {chain}{comment}");
     (what, full)
+}
+
+/// Why a match on the destination address after a REDIRECT to an unnamed address is
+/// unknown.
+const DST_UNKNOWN: &str = "the destination after REDIRECT is an address of the incoming interface, \
+                           which is not known (give the node's addresses)";
+
+/// Whether a `-d` match is `0.0.0.0/0` / `::/0` (true for any destination).
+fn m_is_any(m: &Match) -> bool {
+    matches!(m, Match::Destination { net, negated: false } if net.is_any())
+}
+
+/// The `--to-ports` of a REDIRECT target's options (`Some(None)` without it), or `None`
+/// when they hold anything but `--to-ports P[-Q]` and `--random`.
+fn redirect_ports(args: &[String]) -> Option<Option<PortRange>> {
+    let mut ports = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--to-ports" | "--to-port" if ports.is_none() => {
+                let v = it.next()?;
+                let (a, b) = match v.split_once('-') {
+                    Some((a, b)) => (a.parse().ok()?, b.parse().ok()?),
+                    None => {
+                        let p = v.parse().ok()?;
+                        (p, p)
+                    }
+                };
+                if a > b {
+                    return None;
+                }
+                ports = Some(PortRange { first: a, last: b });
+            }
+            "--random" => {}
+            _ => return None,
+        }
+    }
+    Some(ports)
 }
 
 fn statistic_detail(rule: &Rule) -> String {

@@ -67,6 +67,17 @@ pub enum TraceError {
         /// What is wrong.
         message: String,
     },
+    /// A userspace proxy table ([`crate::UserspaceTable`]) could not be read.
+    #[error("userspace proxy table, line {line}, field {field}: {message}")]
+    UserspaceTable {
+        /// 1-based line number.
+        line: usize,
+        /// The field (`protocol`, `listen-address`, `service-port`, `scope`, `affinity`,
+        /// `endpoints`).
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// An `nft -j list ruleset` document could not be read: not JSON, or not the
     /// libnftables schema (an object with an `nftables` array of objects).
     #[error("nftables JSON: {0}")]

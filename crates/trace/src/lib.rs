@@ -1,10 +1,14 @@
-//! kp-trace: a packet tracer over iptables and nftables rules.
+//! kp-trace: a packet tracer over iptables and nftables rules (and kube-proxy's IPVS and
+//! userspace modes).
 //!
 //! Two front ends share one result: [`trace`] evaluates an `iptables-save` dump
 //! ([`kp_netfilter::Ruleset`]); [`nft::trace_nft`] evaluates `nft -j list ruleset`
 //! ([`nft::NftRuleset`], read with [`nft::parse_nft_json`]; its model is documented in
 //! [`nft`]). Both return a [`Trace`] (with [`Trace::mode`] saying which), rendered by
-//! [`render_text`]. The rest of this page describes the iptables model.
+//! [`render_text`]. Two more front ends trace kube-proxy's other modes over iptables
+//! rules: [`trace_ipvs`] (with the IPVS table, [`ipvs`]) and [`trace_userspace`] (with
+//! the userspace proxy's listeners, [`userspace`]). The rest of this page describes the
+//! iptables model.
 //!
 //! "Why can't I reach (or ping) my ClusterIP?" — [`trace`] evaluates one packet (the
 //! first packet of a new connection) through a parsed [`Ruleset`] (our own rules, or any
@@ -56,8 +60,16 @@
 //! applies its policy. ACCEPT ends the current table's traversal of the hook; DROP and
 //! REJECT end the packet. In the nat table the first DNAT/SNAT/MASQUERADE ends the
 //! traversal of that hook; DNAT changes the destination for everything after it,
-//! including the routing decision. MARK (`mark = (mark & !mask) ^ value`) and rules
-//! without a target continue; LOG-like targets continue.
+//! including the routing decision. REDIRECT (`[--to-ports P[-Q]]`, in nat PREROUTING and
+//! OUTPUT and the chains they call) is a DNAT to a local address, port P (the original
+//! port without `--to-ports`): in OUTPUT `127.0.0.1` / `::1`; in PREROUTING the primary
+//! address of the incoming interface, which is traced as the node's first address of the
+//! family in [`Host::local_addrs`] (not loopback, nor link-local unless the destination
+//! is: interface addresses are not modelled), with a note. When the node has none, the
+//! address is not known: it is shown as `0.0.0.0` / `::`, the packet is delivered
+//! locally, and later matches on the destination address are unknown. MARK (`mark =
+//! (mark & !mask) ^ value`) and rules without a target continue; LOG-like targets
+//! continue.
 //!
 //! Matches: `-s/-d/-i/-o/-p/-f` (with `!`, `+` interface wildcards), `comment`,
 //! `tcp/udp/sctp` ports, `multiport`, `mark`, `conntrack --ctstate` (the packet is NEW;
@@ -103,6 +115,7 @@ pub mod nft;
 mod packet;
 mod render;
 mod result;
+pub mod userspace;
 
 pub use common::MAX_DEPTH;
 pub use error::TraceError;
@@ -112,6 +125,9 @@ pub use nft::{parse_nft_json, trace_nft, trace_nft_with};
 pub use packet::{Entry, Packet, Proto};
 pub use render::render_text;
 pub use result::{Delivery, Destination, Effect, Mode, Outcome, Step, Trace, Verdict};
+pub use userspace::{
+    UserspaceListener, UserspaceTable, portal_node_addresses, trace_userspace, trace_userspace_with,
+};
 
 use kp_netfilter::Ruleset;
 

@@ -26,6 +26,14 @@ use crate::{Entry, Packet};
 ///    50.0%  -> IPVS TCP 10.96.0.10:80  DNAT 10.0.1.4:8080  forwarded, masqueraded, filter ACCEPT
 /// ```
 ///
+/// In userspace mode a branch the proxy relays names its listener and the endpoint it
+/// connects to (a REDIRECT shows as a DNAT to the local address):
+///
+/// ```text
+///    50.0%  -> userspace proxy TCP 0.0.0.0:36001  connects to 10.0.1.4:80  proxied, masqueraded, filter ACCEPT
+///   100.0%  -> KUBE-PORTALS-CONTAINER  DNAT 192.168.56.10:36001  rejected, not masqueraded, REJECT tcp-reset by userspace proxy TCP 0.0.0.0:36001 (no endpoints)
+/// ```
+///
 /// For nftables the hooks are named as `nft` names them and the tables by family and
 /// name:
 ///
@@ -109,14 +117,38 @@ fn step_line(s: &Step) -> String {
         Effect::Policy if s.rule_text.starts_with("policy ") => format!("{head}  {}", s.rule_text),
         Effect::Policy => format!("{head}  {} (policy)", s.rule_text),
         Effect::Return if s.rule_index.is_none() => format!("{head}  (no rule matched: return)"),
+        // Userspace mode: the listener's table line names its protocol and address.
+        _ if s.table == "userspace" => format!("userspace proxy  {}  ({})", s.rule_text, s.detail),
         _ if s.detail.is_empty() => format!("{head}  {}", s.rule_text),
         _ => format!("{head}  {}  ({})", s.rule_text, s.detail),
     }
 }
 
 fn outcome_line(o: &Outcome, trace: &Trace, packet: &Packet) -> String {
-    let target = match o.dnat {
-        Some((ip, port)) => {
+    let proxied = o
+        .steps
+        .iter()
+        .rev()
+        .find(|s| s.effect == Effect::Proxy && s.table == "userspace");
+    let target = match (o.dnat, proxied) {
+        (Some((ip, port)), Some(s)) => {
+            format!(
+                "-> userspace proxy {}  connects to {}",
+                s.chain,
+                endpoint(ip, port)
+            )
+        }
+        (Some((ip, port)), None) if ip.is_unspecified() => {
+            let chain = o
+                .steps
+                .iter()
+                .rev()
+                .find(|s| s.effect == Effect::Dnat)
+                .map_or(String::new(), |s| s.chain.clone());
+            let port = port.map_or_else(String::new, |p| format!(":{p}"));
+            format!("-> {chain}  DNAT (incoming interface's address){port}")
+        }
+        (Some((ip, port)), None) => {
             let chain = o
                 .steps
                 .iter()
@@ -131,7 +163,7 @@ fn outcome_line(o: &Outcome, trace: &Trace, packet: &Packet) -> String {
                 });
             format!("-> {chain}  DNAT {}", endpoint(ip, port))
         }
-        None => {
+        (None, _) => {
             let (ip, port) = trace.original_dst;
             format!("no DNAT ({} unchanged)", endpoint(ip, port))
         }
@@ -154,6 +186,9 @@ fn outcome_line(o: &Outcome, trace: &Trace, packet: &Packet) -> String {
                 Some(s) if s.table == "ipvs" => {
                     format!("{v} by IPVS {} (no real server)", s.chain)
                 }
+                Some(s) if s.table == "userspace" => {
+                    format!("{v} by userspace proxy {} (no endpoints)", s.chain)
+                }
                 Some(s) => format!("{} {v} in {}", s.table, s.chain),
                 None => v.to_string(),
             }
@@ -162,7 +197,10 @@ fn outcome_line(o: &Outcome, trace: &Trace, packet: &Packet) -> String {
     let flag = if o.uncertain { "  [uncertain]" } else { "" };
     // A locally generated packet is not forwarded: it is sent out of the node.
     // A REJECT answers the sender: say "rejected", not "dropped".
+    // A relayed connection goes to the endpoint over the proxy's own connection.
     let delivery = match (o.delivery, &packet.entry, &o.verdict) {
+        (Delivery::Forwarded, _, _) if proxied.is_some() => "proxied".to_string(),
+        (Delivery::Local, _, _) if proxied.is_some() => "proxied to the node itself".to_string(),
         (Delivery::Forwarded, Entry::Node, _) => "sent out".to_string(),
         (Delivery::Dropped, _, Verdict::Reject(_)) => "rejected".to_string(),
         (d, _, _) => d.to_string(),

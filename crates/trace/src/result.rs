@@ -23,7 +23,8 @@ pub enum Effect {
     Drop,
     /// `-j REJECT`.
     Reject,
-    /// `-j DNAT`: destination rewritten; ends the nat traversal of this hook.
+    /// `-j DNAT`, or `-j REDIRECT` (a DNAT to a local address): destination rewritten;
+    /// ends the nat traversal of this hook. IPVS mode's scheduling is one too.
     Dnat,
     /// `-j SNAT`: source rewritten; ends the nat traversal of this hook.
     Snat,
@@ -36,6 +37,9 @@ pub enum Effect {
     Continue,
     /// A builtin chain's policy applied (the end of the chain, or `RETURN` from it).
     Policy,
+    /// Userspace mode: a listener of the proxy accepted the connection and the proxy
+    /// connects to an endpoint itself (step table `userspace`; see [`crate::userspace`]).
+    Proxy,
 }
 
 /// One event on the packet's path: a rule that matched, a policy, or a user chain
@@ -118,9 +122,14 @@ pub struct Outcome {
     /// The matched rules, policies and empty chain ends, in order.
     pub steps: Vec<Step>,
     /// The destination after DNAT (address, and port for port protocols) if a DNAT
-    /// rule applied.
+    /// (or REDIRECT) rule applied; in userspace mode, the endpoint the proxy connects to.
+    /// A REDIRECT in PREROUTING when the node has no address of the family known to the
+    /// tracer gives the unspecified address (`0.0.0.0` / `::`): "an address of the
+    /// incoming interface".
     pub dnat: Option<(IpAddr, Option<u16>)>,
-    /// Whether a MASQUERADE or SNAT target applied (in nat POSTROUTING, or nat INPUT).
+    /// Whether a MASQUERADE or SNAT target applied (in nat POSTROUTING, or nat INPUT); in
+    /// userspace mode also when the proxy relays the connection (it connects from the
+    /// node).
     pub masquerade: bool,
     /// The packet mark when the trace ends.
     pub mark: u32,
@@ -158,6 +167,9 @@ pub enum Mode {
     /// kube-proxy's IPVS mode: iptables rules with ipsets and the IPVS table (an
     /// `ipvsadm -Sn` dump): [`crate::trace_ipvs`].
     Ipvs,
+    /// kube-proxy's userspace mode: iptables portal rules and the proxy's listeners (a
+    /// [`crate::UserspaceTable`]): [`crate::trace_userspace`].
+    Userspace,
 }
 
 /// The result of tracing one packet.
