@@ -12,6 +12,7 @@ mod ping;
 mod proxy;
 mod sandbox;
 mod trace;
+mod userspace_mode;
 
 use std::process::ExitCode;
 

@@ -232,6 +232,29 @@ fn cleanup_nftables() -> Result<usize, ()> {
     }
 }
 
+/// Removes userspace mode's portal chains from both families (every backend with `auto`),
+/// leaving everything else; returns how many chains went.
+fn cleanup_userspace(backend: Backend) -> usize {
+    let backends: Vec<Backend> = match backend {
+        Backend::Default => vec![Backend::Nft, Backend::Legacy],
+        other => vec![other],
+    };
+    let mut removed = 0;
+    for backend in backends {
+        for version in [IpVersion::V4, IpVersion::V6] {
+            let ipt = ExecIptables::new(version, backend);
+            if !kp_proxier::userspace::has_leftovers(&ipt).unwrap_or(false) {
+                continue;
+            }
+            match kp_proxier::userspace::cleanup(&ipt) {
+                Ok(chains) => removed += chains.len(),
+                Err(e) => warn!(family = ?version, "cannot remove userspace mode's chains: {e}"),
+            }
+        }
+    }
+    removed
+}
+
 /// `--cleanup`: removes the rules of both modes from both families (upstream's
 /// `platformCleanup` does the same), leaving everything else alone.
 fn cleanup(backend: Backend, ipvs_exclude: &[IpNet]) -> anyhow::Result<()> {
@@ -286,6 +309,9 @@ fn remove_other_mode(
         }
         ProxyModeArg::Iptables => {
             nftables();
+            if cleanup_userspace(backend) > 0 {
+                info!("removed the userspace-mode portal chains of an earlier run");
+            }
             // IPVS mode shares chains with iptables mode and fills them with ipset matches;
             // an earlier IPVS run is removed whole first (its sets and virtual servers with
             // it), then iptables mode writes its own.
@@ -306,7 +332,25 @@ fn remove_other_mode(
         }
         // iptables mode's own chains are removed by IPVS mode's first full sync, in the same
         // iptables-restore that writes IPVS mode's rules.
-        ProxyModeArg::Ipvs => nftables(),
+        ProxyModeArg::Ipvs => {
+            nftables();
+            if cleanup_userspace(backend) > 0 {
+                info!("removed the userspace-mode portal chains of an earlier run");
+            }
+        }
+        // Userspace mode's first full sync deletes iptables mode's chains in its own
+        // restore; an IPVS run is removed whole first (its sets are referenced by its rules).
+        ProxyModeArg::Userspace => {
+            nftables();
+            if crate::ipvs_mode::has_leftovers() {
+                let _ = cleanup_iptables(backend);
+                if let Ok(true) = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true) {
+                    info!(
+                        "removed the IPVS-mode rules, ipsets, virtual servers and kube-ipvs0 of an earlier run"
+                    );
+                }
+            }
+        }
     }
 }
 
@@ -418,6 +462,25 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     }
     let nft_mode = args.proxy_mode == ProxyModeArg::Nftables;
     let ipvs_mode = args.proxy_mode == ProxyModeArg::Ipvs;
+    let userspace_mode = args.proxy_mode == ProxyModeArg::Userspace;
+    let userspace_cfg = if userspace_mode {
+        Some(kp_proxier::userspace::UserspaceConfig {
+            nodeport_addresses: NodePortAddresses::parse(&args.nodeport_addresses)?,
+            local_detector: local_detector(&args)?,
+        })
+    } else {
+        None
+    };
+    if userspace_mode {
+        // Both families' settings are checked before anything is changed.
+        crate::userspace_mode::relay_config(&args, IpFamily::V4)?;
+        if !args.dry_run {
+            match kp_relay::raise_fd_limit() {
+                Ok(n) => info!(open_files = n, "userspace mode: raised the open-file limit"),
+                Err(e) => warn!(error = %e, "userspace mode: cannot raise the open-file limit"),
+            }
+        }
+    }
     let conntrack = crate::nodesetup::ConntrackSettings::from_args(&args);
     if args.init_only && !args.dry_run {
         // Upstream's --init-only: the set-up that needs full privileges, then exit.
@@ -483,6 +546,8 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             kp_admin::ProxyMode::Nftables
         } else if ipvs_mode {
             kp_admin::ProxyMode::Ipvs
+        } else if userspace_mode {
+            kp_admin::ProxyMode::Userspace
         } else {
             kp_admin::ProxyMode::Iptables
         };
@@ -562,6 +627,8 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         let mut senders = Vec::new();
         let mut outputs: Vec<(IpFamily, Arc<std::sync::Mutex<String>>)> = Vec::new();
         let mut ipvs_outputs: Vec<(IpFamily, Sink, Sink)> = Vec::new();
+        let mut userspace_outputs: Vec<(IpFamily, Sink)> = Vec::new();
+        let mut relays = crate::userspace_mode::Relays::default();
         let mode = if args.once || args.dry_run {
             RunMode::Once
         } else {
@@ -598,6 +665,29 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     None
                 }
             };
+            if let Some(ucfg) = &userspace_cfg {
+                let relay: Box<dyn kp_proxier::userspace::PortalRelay> = if args.dry_run {
+                    let table = Arc::new(std::sync::Mutex::new(String::new()));
+                    userspace_outputs.push((family, table.clone()));
+                    Box::new(crate::userspace_mode::DryRelay::new(family, table))
+                } else {
+                    let relay = kp_relay::Relay::new(
+                        crate::userspace_mode::relay_config(&args, family)?,
+                        tokio::runtime::Handle::current(),
+                    );
+                    relays.relays.push((family, relay.clone()));
+                    Box::new(crate::userspace_mode::LiveRelay { relay })
+                };
+                let ipt: Box<dyn Iptables> = if args.dry_run {
+                    Box::new(PrintingIptables { fake: FakeIptables::new(version), sink })
+                } else {
+                    Box::new(ExecIptables::new(version, backend))
+                };
+                let proxier = kp_proxier::userspace::UserspaceProxier::new(family, ucfg.clone(), ipt, relay, host);
+                let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                continue;
+            }
             if ipvs_mode {
                 let ipt = |sink: Arc<std::sync::Mutex<String>>| -> Box<dyn Iptables> {
                     if args.dry_run {
@@ -676,6 +766,9 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 }
             }
         }
+        if !relays.relays.is_empty() {
+            admin.metrics.set_userspace(Arc::new(relays.clone()));
+        }
         let fan_out = tokio::spawn(async move {
             while let Some(batch) = rx.recv().await {
                 for s in &senders {
@@ -732,6 +825,11 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             print!("{sets}");
             println!("# {family}: IPVS table (ipvsadm -S -n)");
             print!("{table}");
+        }
+        for (family, table) in userspace_outputs {
+            let text = table.lock().map(|s| s.clone()).unwrap_or_default();
+            println!("# {family}: userspace proxy table (kube-proxy-rs trace --userspace)");
+            print!("{text}");
         }
         for (family, sink) in outputs {
             let text = sink.lock().map(|s| s.clone()).unwrap_or_default();

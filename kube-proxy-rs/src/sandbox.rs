@@ -179,7 +179,8 @@ fn check_environment(mode: ProxyModeArg) -> anyhow::Result<()> {
 
 /// Whether the proxy in `ns` has programmed its rules: `KUBE-POSTROUTING` exists (iptables
 /// mode), the `nat-postrouting` chain of table `ip kube-proxy` jumps to `masquerading`
-/// (nftables mode), or `KUBE-IPVS-FILTER` exists and a virtual server is there (IPVS mode).
+/// (nftables mode), `KUBE-IPVS-FILTER` exists and a virtual server is there (IPVS mode), or
+/// `KUBE-PORTALS-CONTAINER` has a portal (userspace mode).
 fn programmed(ns: &Netns, mode: ProxyModeArg) -> bool {
     match mode {
         ProxyModeArg::Ipvs => {
@@ -195,6 +196,9 @@ fn programmed(ns: &Netns, mode: ProxyModeArg) -> bool {
                 ["list", "chain", "ip", "kube-proxy", "nat-postrouting"],
             )
             .is_ok_and(|s| s.contains("jump masquerading")),
+        ProxyModeArg::Userspace => ns
+            .run("iptables-save", ["-t", "nat"])
+            .is_ok_and(|s| s.contains("-A KUBE-PORTALS-CONTAINER")),
         _ => ns
             .run("iptables-save", ["-t", "nat"])
             .is_ok_and(|s| s.contains("-A KUBE-POSTROUTING")),
@@ -308,6 +312,7 @@ fn classify(e: &ClientError) -> String {
         ClientError::Refused => "refused".into(),
         ClientError::Timeout => "timed out".into(),
         ClientError::Unreachable => "unreachable".into(),
+        ClientError::Reset => "reset".into(),
         // A datagram from the node itself that the node's own rules drop or reject (e.g. UDP
         // to a Service without endpoints): `send` fails with EPERM, no ICMP involved.
         ClientError::Other(e) if e.raw_os_error() == Some(nix::errno::Errno::EPERM as i32) => {
@@ -710,7 +715,7 @@ impl Sandbox<'_> {
         );
         log.echo();
         println!(
-            "report: per address, the backend that answered each request (ip:port, with the endpoint's nodeName) and the latency of connect+response;\n        \"refused\" is a REJECT (Service without endpoints), \"timed out\" a DROP or no route;\n        an address whose first {GIVE_UP_AFTER} requests all fail is not sent the rest;\n        \"ping\" is one ICMP echo from the client to the ClusterIP: in IPVS mode the ClusterIP is an\n        address of the node's kube-ipvs0 dummy link, so the node's kernel answers it; in iptables\n        and nftables mode it is no interface's address (only NAT rules for the Service's ports),\n        so nothing answers{}\n",
+            "report: per address, the backend that answered each request (ip:port, with the endpoint's nodeName) and the latency of connect+response;\n        \"refused\" is a REJECT (Service without endpoints), \"timed out\" a DROP or no route;\n        \"reset\" a connection the userspace proxy accepted and closed because no endpoint answered;\n        an address whose first {GIVE_UP_AFTER} requests all fail is not sent the rest;\n        \"ping\" is one ICMP echo from the client to the ClusterIP: in IPVS mode the ClusterIP is an\n        address of the node's kube-ipvs0 dummy link, so the node's kernel answers it; in the other\n        modes it is no interface's address (only NAT rules for the Service's ports),\n        so nothing answers{}\n",
             if mode == ProxyModeArg::Ipvs {
                 ";\n        \"ipvs\" is the Service's virtual server (ipvsadm -Ln): scheduler, real servers and\n        weights, and whether kube-ipvs0 holds the ClusterIP"
             } else {

@@ -316,47 +316,15 @@ fn check_mode_flags(args: &TraceArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Userspace mode's jumps from the built-in chains (table, chain, rule, whether it goes
-/// at the end), as kube-proxy's userspace mode installs them.
-const USERSPACE_JUMPS: [(&str, &str, &str, bool); 5] = [
-    (
-        "nat",
-        "PREROUTING",
-        "-A PREROUTING -m comment --comment \"handle ClusterIPs; NOTE: this must be before the NodePort rules\" -j KUBE-PORTALS-CONTAINER",
-        false,
-    ),
-    (
-        "nat",
-        "PREROUTING",
-        "-A PREROUTING -m addrtype --dst-type LOCAL -m comment --comment \"handle service NodePorts; NOTE: this must be the last rule in the chain\" -j KUBE-NODEPORT-CONTAINER",
-        true,
-    ),
-    (
-        "nat",
-        "OUTPUT",
-        "-A OUTPUT -m comment --comment \"handle ClusterIPs; NOTE: this must be before the NodePort rules\" -j KUBE-PORTALS-HOST",
-        false,
-    ),
-    (
-        "nat",
-        "OUTPUT",
-        "-A OUTPUT -m addrtype --dst-type LOCAL -m comment --comment \"handle service NodePorts; NOTE: this must be the last rule in the chain\" -j KUBE-NODEPORT-HOST",
-        true,
-    ),
-    (
-        "filter",
-        "INPUT",
-        "-A INPUT -m comment --comment \"Ensure that non-local NodePort traffic can flow\" -j KUBE-NODEPORT-NON-LOCAL",
-        false,
-    ),
-];
-
-/// Adds each of [`USERSPACE_JUMPS`] to a dump that has the chain it leads to but not the
+/// Adds each of userspace mode's jumps from the built-in chains
+/// ([`kp_proxier::userspace::render::JUMPS`]) to a dump that has the chain it leads to but not the
 /// jump, where userspace mode puts it (the portals first, the NodePorts last); a note each.
 fn complete_userspace_jumps(rules: &mut Ruleset) -> Vec<String> {
     use kp_netfilter::Table;
     let mut notes = Vec::new();
-    for (table, chain, line, append) in USERSPACE_JUMPS {
+    for (table, chain, rule, first) in kp_proxier::userspace::render::JUMPS {
+        let line = format!("-A {chain} {rule}");
+        let append = !first;
         let t = match table {
             "nat" => Table::Nat,
             _ => Table::Filter,

@@ -99,7 +99,11 @@ fn dry_run_ipv4(mode: Mode, ns: &Netns, args: &[&str]) -> String {
     let (ok, output, err) = run_in(ns, &dry);
     assert!(ok, "{err}");
     match mode {
-        Mode::Ipvs => unreachable!("IPVS mode is tested in tests/ipvs.rs"),
+        Mode::Ipvs | Mode::Userspace => {
+            unreachable!(
+                "IPVS and userspace modes are tested in tests/ipvs.rs and tests/userspace.rs"
+            )
+        }
         Mode::Iptables => assert!(
             save(ns, "iptables-save")
                 .lines()
@@ -113,7 +117,11 @@ fn dry_run_ipv4(mode: Mode, ns: &Netns, args: &[&str]) -> String {
     }
     // The dry run prints one section per family, each after a header naming its input.
     let (v4, v6) = match mode {
-        Mode::Ipvs => unreachable!("IPVS mode is tested in tests/ipvs.rs"),
+        Mode::Ipvs | Mode::Userspace => {
+            unreachable!(
+                "IPVS and userspace modes are tested in tests/ipvs.rs and tests/userspace.rs"
+            )
+        }
         Mode::Iptables => (
             "# IPv4: iptables-restore input\n",
             "# IPv6: ip6tables-restore input",
@@ -251,7 +259,11 @@ fn without_empty_tables(save: &str) -> String {
 /// Installs rules of other software in `ns`, which every run of the proxy must keep.
 fn add_foreign_rules(mode: Mode, ns: &Netns) {
     let ok = match mode {
-        Mode::Ipvs => unreachable!("IPVS mode is tested in tests/ipvs.rs"),
+        Mode::Ipvs | Mode::Userspace => {
+            unreachable!(
+                "IPVS and userspace modes are tested in tests/ipvs.rs and tests/userspace.rs"
+            )
+        }
         Mode::Iptables => feed(
             ns,
             "iptables-restore",
@@ -302,7 +314,11 @@ fn resync_is_identical_and_cleanup_restores_the_tables(mode: Mode) {
     let (ok, _, err) = run_in(&ns, &["--cleanup"]);
     assert!(ok, "{err}");
     match mode {
-        Mode::Ipvs => unreachable!("IPVS mode is tested in tests/ipvs.rs"),
+        Mode::Ipvs | Mode::Userspace => {
+            unreachable!(
+                "IPVS and userspace modes are tested in tests/ipvs.rs and tests/userspace.rs"
+            )
+        }
         Mode::Iptables => {
             assert_eq!(
                 save(&ns, "iptables-save"),
@@ -634,7 +650,11 @@ fn a_failed_sync_keeps_the_rules_and_is_retried(mode: Mode) {
     std::fs::create_dir(&bin).unwrap();
     let flag = dir.path().join("fail");
     let (program, fails_when, message) = match mode {
-        Mode::Ipvs => unreachable!("IPVS mode is tested in tests/ipvs.rs"),
+        Mode::Ipvs | Mode::Userspace => {
+            unreachable!(
+                "IPVS and userspace modes are tested in tests/ipvs.rs and tests/userspace.rs"
+            )
+        }
         Mode::Iptables => (
             "iptables-restore",
             "",
@@ -844,6 +864,9 @@ fn the_sandbox_reports_both_backends_and_cleans_up(mode: Mode) {
     // The seed Service's chain: iptables and nftables mode hash its name differently.
     let chain = match mode {
         Mode::Ipvs => unreachable!("IPVS mode is tested in tests/ipvs.rs"),
+        Mode::Userspace => {
+            "-A KUBE-PORTALS-CONTAINER -d 10.96.138.71/32 -p tcp -m comment --comment \"default/nginx-svc\" -m tcp --dport 8080 -j REDIRECT --to-ports"
+        }
         Mode::Iptables => "-A KUBE-SVC-HL5LMXD5JFHQZ6LN",
         Mode::Nftables => "chain service-O4TPQO6D-default/nginx-svc/tcp/",
     };
@@ -880,6 +903,13 @@ fn the_sandbox_reports_both_backends_and_cleans_up_iptables() {
 #[test]
 fn the_sandbox_reports_both_backends_and_cleans_up_nftables() {
     the_sandbox_reports_both_backends_and_cleans_up(Mode::Nftables);
+}
+
+/// Userspace mode: the README's `sandbox --proxy-mode userspace` shows round robin through
+/// the proxy sockets.
+#[test]
+fn the_sandbox_reports_both_backends_and_cleans_up_userspace() {
+    the_sandbox_reports_both_backends_and_cleans_up(Mode::Userspace);
 }
 
 /// Namespaces named with the sandbox's `kp<pid>x` prefix that still exist.

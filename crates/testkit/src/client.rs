@@ -28,6 +28,10 @@ pub enum ClientError {
     /// `EHOSTUNREACH`/`ENETUNREACH`: no route, or an ICMP host/net-unreachable.
     #[error("host or network unreachable")]
     Unreachable,
+    /// The connection was accepted, then reset (`ECONNRESET`, `EPIPE`) or closed before any
+    /// reply: what a userspace-mode proxy does when no endpoint answers.
+    #[error("connection reset")]
+    Reset,
     /// Anything else (a reset connection, a malformed reply, a harness failure).
     #[error("{0}")]
     Other(#[source] io::Error),
@@ -41,6 +45,9 @@ impl ClientError {
                 Errno::ECONNREFUSED => return ClientError::Refused,
                 Errno::EHOSTUNREACH | Errno::ENETUNREACH => return ClientError::Unreachable,
                 Errno::ETIMEDOUT | Errno::EAGAIN => return ClientError::Timeout,
+                Errno::ECONNRESET | Errno::EPIPE | Errno::ECONNABORTED => {
+                    return ClientError::Reset;
+                }
                 _ => {}
             }
         }
@@ -50,6 +57,9 @@ impl ClientError {
                 ClientError::Unreachable
             }
             io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => ClientError::Timeout,
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::BrokenPipe
+            | io::ErrorKind::ConnectionAborted => ClientError::Reset,
             _ => ClientError::Other(e),
         }
     }
@@ -192,10 +202,7 @@ fn get(target: SocketAddr, timeout: Duration) -> Result<HttpReply, ClientError> 
                         local,
                         ..reply
                     }),
-                    None if buf.is_empty() => Err(ClientError::Other(io::Error::new(
-                        io::ErrorKind::UnexpectedEof,
-                        format!("{target} closed the connection without a response"),
-                    ))),
+                    None if buf.is_empty() => Err(ClientError::Reset),
                     None => Err(ClientError::invalid(format!(
                         "truncated HTTP response from {target}: {:?}",
                         String::from_utf8_lossy(&buf)

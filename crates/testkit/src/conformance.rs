@@ -274,7 +274,61 @@ pub fn scenarios() -> Vec<Scenario> {
     ];
     out.extend(detect_local_modes());
     add_ipvs_exceptions(&mut out);
+    add_userspace_exceptions(&mut out);
     out
+}
+
+/// Userspace mode (docs/userspace.md), besides the one blanket difference its runner
+/// applies to every row: the proxy connects to the endpoint itself, so every branch is
+/// masqueraded (the client address is always hidden).
+fn add_userspace_exceptions(scenarios: &mut [Scenario]) {
+    const SOURCE_RANGES: &str = "userspace mode sends only the allowed sources to the proxy (its portals match the ranges); other sources are not proxied and go on as if no Service had the LB IP, where the kernel modes drop them";
+    const BOTH_LOCAL: &str = "userspace mode gives a port one proxy socket per endpoint set it needs for its ClusterIP and external destinations; with both policies Local those are the same (local) set, so pod and node traffic to the NodePort stays on the local endpoints instead of being short-circuited to all of them";
+    let l1_only = || Expect::Backends(vec![(L1, true)]);
+    let table: Vec<(&str, &str, Expect, &'static str)> = vec![
+        (
+            "targetPort, named ports, UDP and SCTP",
+            "SCTP",
+            Expect::Unchanged,
+            "userspace mode has no SCTP (nor had upstream's): the port gets no proxy socket and no portal",
+        ),
+        (
+            "loadBalancerSourceRanges",
+            "client outside every source range",
+            Expect::Unchanged,
+            SOURCE_RANGES,
+        ),
+        (
+            "loadBalancerSourceRanges",
+            "node IP outside every range",
+            Expect::Unchanged,
+            SOURCE_RANGES,
+        ),
+        (
+            "internalTrafficPolicy: Local",
+            "both policies Local: pod traffic to the NodePort",
+            l1_only(),
+            BOTH_LOCAL,
+        ),
+        (
+            "internalTrafficPolicy: Local",
+            "both policies Local: node traffic to the NodePort",
+            l1_only(),
+            BOTH_LOCAL,
+        ),
+    ];
+    for (scenario, row, expect, why) in table {
+        let rows: Vec<&mut Row> = scenarios
+            .iter_mut()
+            .filter(|s| s.name == scenario)
+            .flat_map(|s| s.rows.iter_mut())
+            .filter(|r| r.name.starts_with(row))
+            .collect();
+        assert_eq!(rows.len(), 1, "userspace exception {scenario}: {row}");
+        for r in rows {
+            r.exceptions.push(("userspace", expect.clone(), why));
+        }
+    }
 }
 
 /// Upstream's IPVS mode: kube-ipvs0's KUBE-IPVS-FILTER (kubernetes#72236) rejects a new

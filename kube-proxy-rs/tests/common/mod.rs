@@ -47,6 +47,8 @@ pub enum Mode {
     Nftables,
     /// `--proxy-mode ipvs` (run in the qemu guest where the host kernel has no IPVS).
     Ipvs,
+    /// `--proxy-mode userspace` (its own tests are in `tests/userspace.rs`).
+    Userspace,
 }
 
 impl Mode {
@@ -56,6 +58,7 @@ impl Mode {
             Mode::Iptables => "iptables",
             Mode::Nftables => "nftables",
             Mode::Ipvs => "ipvs",
+            Mode::Userspace => "userspace",
         }
     }
 
@@ -66,6 +69,7 @@ impl Mode {
             Mode::Iptables => &[],
             Mode::Nftables => &["--proxy-mode=nftables"],
             Mode::Ipvs => &["--proxy-mode=ipvs"],
+            Mode::Userspace => &["--proxy-mode=userspace"],
         }
     }
 
@@ -80,7 +84,7 @@ impl Mode {
     /// comment lines, or `nft list ruleset`.
     pub fn ruleset(self, ns: &Netns) -> String {
         match self {
-            Mode::Iptables => save(ns, "iptables-save"),
+            Mode::Iptables | Mode::Userspace => save(ns, "iptables-save"),
             Mode::Nftables => ns.run("nft", ["list", "ruleset"]).unwrap(),
             Mode::Ipvs => format!(
                 "{}{}{}",
@@ -95,7 +99,7 @@ impl Mode {
     /// `iptables-save -t nat`, or `nft list table ip kube-proxy`.
     pub fn nat_rules(self, ns: &Netns) -> String {
         match self {
-            Mode::Iptables => ns.run("iptables-save", ["-t", "nat"]),
+            Mode::Iptables | Mode::Userspace => ns.run("iptables-save", ["-t", "nat"]),
             Mode::Nftables => ns.run("nft", ["list", "table", "ip", "kube-proxy"]),
             // The virtual servers stand in for the NAT rules.
             Mode::Ipvs => ns.run("ipvsadm", ["-S", "-n"]),
@@ -115,6 +119,10 @@ impl Mode {
             Mode::Nftables => ["ip", "ip6"].iter().all(|family| {
                 nft_table(ns, family).is_some_and(|s| s.contains("jump masquerading"))
             }),
+            Mode::Userspace => ["iptables-save", "ip6tables-save"].iter().all(|save| {
+                ns.run(save, ["-t", "nat"])
+                    .is_ok_and(|s| s.contains(":KUBE-PORTALS-CONTAINER"))
+            }),
             Mode::Ipvs => {
                 ["iptables-save", "ip6tables-save"].iter().all(|save| {
                     ns.run(save, ["-t", "filter"])
@@ -132,6 +140,7 @@ impl Mode {
             Mode::Iptables => "synced iptables rules",
             Mode::Nftables => "synced nftables rules",
             Mode::Ipvs => "synced IPVS rules",
+            Mode::Userspace => "synced userspace portals",
         }
     }
 }
@@ -434,7 +443,7 @@ const FEATURE_SERVICES: &str = r#"
 pub fn feature_cluster(mode: Mode) -> String {
     let node = match mode {
         Mode::Iptables => "",
-        Mode::Nftables | Mode::Ipvs => FEATURE_NODE,
+        Mode::Nftables | Mode::Ipvs | Mode::Userspace => FEATURE_NODE,
     };
     let mut out = format!("apiVersion: v1\nkind: List\nitems:{node}{FEATURE_SERVICES}");
     for (svc, port, proto, pname) in [
@@ -562,7 +571,7 @@ items:
             Mode::Ipvs => node
                 .run("ipvsadm", ["-S", "-n"])
                 .is_ok_and(|s| s.contains("[fd00:10:96::a]:80")),
-            Mode::Iptables => node
+            Mode::Iptables | Mode::Userspace => node
                 .run("ip6tables-save", ["-t", "nat"])
                 .is_ok_and(|s| s.contains("-d fd00:10:96::a/128 -p tcp")),
             Mode::Nftables => {

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use kp_model::{Changes, IpFamily, Protocol, ServicePortName, SessionAffinity, Snapshot};
 use kp_netfilter::{Iptables, Table};
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 use crate::iptables::reconcile::KernelTable;
 use crate::{Host, NodePortAddresses, Proxier, ProxierError, ProxyMode, SyncReport};
@@ -129,6 +129,9 @@ impl<T: PortalRelay + ?Sized> PortalRelay for Box<T> {
 pub struct UserspaceConfig {
     /// `--nodeport-addresses`.
     pub nodeport_addresses: NodePortAddresses,
+    /// `--detect-local-mode`: pod traffic to a Service's external destinations uses the
+    /// ClusterIP's listener (see [`render`]).
+    pub local_detector: crate::LocalDetector,
 }
 
 /// The listeners `snap` needs, in ServicePortName order. SCTP ports are left out (returned
@@ -395,6 +398,10 @@ impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
             node_ip: self.node_ip(snap, &local),
             nodeport_addresses: &self.cfg.nodeport_addresses,
             local_addrs: &local,
+            local: self
+                .cfg
+                .local_detector
+                .for_family(self.family, &snap.node_pod_cidrs),
         };
         let rules = render::render(snap, &portals, &node);
         let render_time = t_render.elapsed();
@@ -415,6 +422,17 @@ impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
             payload_bytes = payload.len();
             self.ipt.restore(payload.as_bytes())?;
         }
+        let apply_time = t_apply.elapsed();
+        info!(
+            family = %self.family,
+            full,
+            services = snap.services.len(),
+            listeners = portals.len(),
+            bytes = payload_bytes,
+            render_ms = %format!("{:.3}", render_time.as_secs_f64() * 1e3),
+            apply_ms = %format!("{:.3}", apply_time.as_secs_f64() * 1e3),
+            "synced userspace portals"
+        );
         self.portals = portals;
         self.last_rules = Some(text);
         self.needs_full = false;
@@ -428,7 +446,7 @@ impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
             nat_rules: rules.nat.lines().count(),
             deleted_chains: 0,
             render_time,
-            apply_time: t_apply.elapsed(),
+            apply_time,
             conntrack_deleted: 0,
         })
     }

@@ -28,7 +28,9 @@
 //!   userspace mode ignored them); other sources are not proxied;
 //! - a Service whose internal and external traffic use different endpoints
 //!   (`externalTrafficPolicy: Local`, `internalTrafficPolicy: Local`) gets a second listener
-//!   for its external destinations.
+//!   for its external destinations; pod traffic (`--detect-local-mode`) and the node's own
+//!   traffic to those destinations still go to the ClusterIP's listener, as the kernel modes
+//!   short-circuit them to the cluster-wide endpoints.
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
@@ -36,7 +38,7 @@ use std::net::{IpAddr, SocketAddr};
 use kp_model::{Protocol, ServicePortInfo, Snapshot};
 
 use super::Listener;
-use crate::NodePortAddresses;
+use crate::{LocalMatch, NodePortAddresses};
 
 /// The nat chain for ClusterIP, externalIP and LB-IP traffic arriving from outside the node.
 pub const KUBE_PORTALS_CONTAINER: &str = "KUBE-PORTALS-CONTAINER";
@@ -121,8 +123,13 @@ pub struct NodeView<'a> {
     pub node_ip: Option<IpAddr>,
     /// `--nodeport-addresses`.
     pub nodeport_addresses: &'a NodePortAddresses,
-    /// The node's local addresses (for `--nodeport-addresses`).
+    /// The node's local addresses (for `--nodeport-addresses`, and whether the node's own
+    /// address is inside a `loadBalancerSourceRanges` entry).
     pub local_addrs: &'a [IpAddr],
+    /// How pod traffic is recognised (`--detect-local-mode`): pod traffic to an external
+    /// destination is sent to the ClusterIP's listener, as the kernel modes short-circuit it
+    /// to the cluster-wide endpoints.
+    pub local: Option<LocalMatch>,
 }
 
 fn proto(p: Protocol) -> &'static str {
@@ -148,6 +155,30 @@ fn port_match(out: &mut String, svc: &ServicePortInfo, port: u16) {
         " -p {p} -m comment --comment \"{}\" -m {p} --dport {port}",
         svc.name
     );
+}
+
+/// `-A CHAIN [-s SRC] [-d DST/32] [-i IFACE]`, in `iptables-save`'s order.
+fn rule_head(
+    out: &mut String,
+    chain: &str,
+    src: Option<ipnet::IpNet>,
+    dst: Option<IpAddr>,
+    local: Option<&LocalMatch>,
+) {
+    let _ = write!(out, "-A {chain}");
+    let src = match local {
+        Some(LocalMatch::Source(net)) => Some(*net),
+        _ => src,
+    };
+    if let Some(src) = src {
+        let _ = write!(out, " -s {}", src.trunc());
+    }
+    if let Some(dst) = dst {
+        let _ = write!(out, " -d {}", host_cidr(dst));
+    }
+    if let Some(LocalMatch::Interface(name)) = local {
+        let _ = write!(out, " -i {name}");
+    }
 }
 
 fn container_target(out: &mut String, port: u16) {
@@ -210,6 +241,9 @@ pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rende
             }
         }
         // externalIPs and load-balancer IPs: external destinations.
+        // (destination, source range); a source-ranged VIP gets one rule per range, and
+        // one for its own address as source when the node is inside a range (traffic
+        // looping back through the node, as the kernel modes allow).
         let mut external_dsts: Vec<(IpAddr, Option<ipnet::IpNet>)> =
             svc.external_ips.iter().map(|ip| (*ip, None)).collect();
         for vip in &svc.load_balancer_vips {
@@ -222,26 +256,42 @@ pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rende
             if ranges.is_empty() {
                 external_dsts.push((*vip, None));
             } else {
+                let node_inside = node
+                    .local_addrs
+                    .iter()
+                    .chain(&snap.node_ips)
+                    .any(|a| !a.is_loopback() && ranges.iter().any(|r| r.contains(a)));
+                if node_inside {
+                    external_dsts.push((*vip, Some(ipnet::IpNet::from(*vip))));
+                }
                 external_dsts.extend(ranges.into_iter().map(|r| (*vip, Some(r))));
             }
         }
+        // Where the external listener differs, pod traffic (and the node's own) to an
+        // external destination goes to the ClusterIP's listener.
+        let short_circuit = external != internal;
         for (dst, src) in external_dsts {
-            for (chain, buf) in [
-                (KUBE_PORTALS_CONTAINER, &mut container),
-                (KUBE_PORTALS_HOST, &mut host),
-            ] {
-                let _ = write!(buf, "-A {chain}");
-                if let Some(src) = src {
-                    let _ = write!(buf, " -s {}", src.trunc());
-                }
-                let _ = write!(buf, " -d {}", host_cidr(dst));
-                port_match(buf, svc, svc.port);
-                if chain == KUBE_PORTALS_HOST {
-                    host_target(buf, node.node_ip, external);
-                } else {
-                    container_target(buf, external);
-                }
+            if short_circuit && src.is_none() && node.local.is_some() {
+                rule_head(
+                    &mut container,
+                    KUBE_PORTALS_CONTAINER,
+                    None,
+                    Some(dst),
+                    node.local.as_ref(),
+                );
+                port_match(&mut container, svc, svc.port);
+                container_target(&mut container, internal);
             }
+            rule_head(&mut container, KUBE_PORTALS_CONTAINER, src, Some(dst), None);
+            port_match(&mut container, svc, svc.port);
+            container_target(&mut container, external);
+            rule_head(&mut host, KUBE_PORTALS_HOST, src, Some(dst), None);
+            port_match(&mut host, svc, svc.port);
+            host_target(
+                &mut host,
+                node.node_ip,
+                if short_circuit { internal } else { external },
+            );
         }
         // NodePorts.
         if let Some(np) = svc.node_port {
@@ -250,21 +300,27 @@ pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rende
                 Some(ips) => ips.iter().map(|ip| Some(*ip)).collect(),
             };
             for dst in dsts {
-                for (chain, buf) in [
-                    (KUBE_NODEPORT_CONTAINER, &mut np_container),
-                    (KUBE_NODEPORT_HOST, &mut np_host),
-                ] {
-                    let _ = write!(buf, "-A {chain}");
-                    if let Some(d) = dst {
-                        let _ = write!(buf, " -d {}", host_cidr(d));
-                    }
-                    port_match(buf, svc, np);
-                    if chain == KUBE_NODEPORT_HOST {
-                        host_target(buf, node.node_ip, external);
-                    } else {
-                        container_target(buf, external);
-                    }
+                if short_circuit && node.local.is_some() {
+                    rule_head(
+                        &mut np_container,
+                        KUBE_NODEPORT_CONTAINER,
+                        None,
+                        dst,
+                        node.local.as_ref(),
+                    );
+                    port_match(&mut np_container, svc, np);
+                    container_target(&mut np_container, internal);
                 }
+                rule_head(&mut np_container, KUBE_NODEPORT_CONTAINER, None, dst, None);
+                port_match(&mut np_container, svc, np);
+                container_target(&mut np_container, external);
+                rule_head(&mut np_host, KUBE_NODEPORT_HOST, None, dst, None);
+                port_match(&mut np_host, svc, np);
+                host_target(
+                    &mut np_host,
+                    node.node_ip,
+                    if short_circuit { internal } else { external },
+                );
             }
             let _ = write!(out.filter, "-A {KUBE_NODEPORT_NON_LOCAL}");
             port_match(&mut out.filter, svc, external);

@@ -5,6 +5,7 @@ use kp_model::{IpFamily, Protocol};
 use kp_testkit::builders::{ServiceBuilder, SliceBuilder, ip, snapshot};
 
 use super::*;
+use crate::LocalMatch;
 use crate::userspace::listeners;
 
 fn portals(snap: &Snapshot) -> Vec<Portal> {
@@ -48,6 +49,7 @@ fn every_destination_kind() {
         node_ip: Some(ip("192.168.56.10")),
         nodeport_addresses: &npa,
         local_addrs: &[],
+        local: None,
     };
     insta::assert_snapshot!(dump(&render(&snap, &portals(&snap), &node)));
 }
@@ -75,10 +77,13 @@ fn external_policy_local_gets_its_own_listener() {
         node_ip: None,
         nodeport_addresses: &npa,
         local_addrs: &local,
+        local: Some(LocalMatch::Source("10.0.0.0/16".parse().unwrap())),
     };
     let r = render(&snap, &portals(&snap), &node);
     // ClusterIP to the internal listener, the NodePort (on the selected address only) to
-    // the external one; no node address: REDIRECT for the node's own traffic too.
+    // the external one, except pod traffic (-s the cluster CIDR) and the node's own, which
+    // go to the internal one (the kernel modes' short-circuit); no node address: REDIRECT
+    // for the node's own traffic too.
     assert_eq!(
         dump(&r),
         "*filter\n\
@@ -86,8 +91,9 @@ fn external_policy_local_gets_its_own_listener() {
          *nat\n\
          -A KUBE-PORTALS-CONTAINER -d 10.96.0.10/32 -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 80 -j REDIRECT --to-ports 36000\n\
          -A KUBE-PORTALS-HOST -d 10.96.0.10/32 -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 80 -j REDIRECT --to-ports 36000\n\
+         -A KUBE-NODEPORT-CONTAINER -s 10.0.0.0/16 -d 192.168.56.10/32 -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 30080 -j REDIRECT --to-ports 36000\n\
          -A KUBE-NODEPORT-CONTAINER -d 192.168.56.10/32 -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 30080 -j REDIRECT --to-ports 36001\n\
-         -A KUBE-NODEPORT-HOST -d 192.168.56.10/32 -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 30080 -j REDIRECT --to-ports 36001\n"
+         -A KUBE-NODEPORT-HOST -d 192.168.56.10/32 -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 30080 -j REDIRECT --to-ports 36000\n"
     );
 }
 
@@ -111,6 +117,7 @@ fn ipv6_and_missing_listeners() {
         node_ip: Some(ip("fd00:56::10")),
         nodeport_addresses: &npa,
         local_addrs: &[],
+        local: None,
     };
     let r = render(&snap, &ps, &node);
     assert_eq!(
