@@ -541,3 +541,69 @@ fn cleanup_and_a_switch_to_iptables_mode_remove_the_portals() {
 fn ipv6_cluster_ip_and_node_port() {
     common::ipv6_cluster_ip_and_node_port(Mode::Userspace);
 }
+
+/// `--userspace-max-connections`: past the limit a new connection is reset at once, logged
+/// and counted; the daemon keeps serving, and a slot freed is used again.
+#[test]
+fn the_connection_limit_resets_new_connections_logs_and_counts_them() {
+    if !require_root() {
+        return;
+    }
+    let (topology, _servers) = seed_topology();
+    let dir = tempdir();
+    let manifest = write(dir.path(), "cluster.yaml", &cluster());
+    let mut proxy = start(
+        &topology,
+        dir.path(),
+        manifest.to_str().unwrap(),
+        &["--userspace-max-connections=3"],
+    );
+    let node = topology.node();
+    let t = Duration::from_secs(3);
+    let held: Vec<TcpStream> = topology
+        .client()
+        .in_ns(|| {
+            (0..3)
+                .map(|_| TcpStream::connect_timeout(&addr(NODE_PORT), t).unwrap())
+                .collect()
+        })
+        .unwrap();
+    proxy.wait_until("three connections open", || {
+        metric(
+            node,
+            "kube_proxy_rs_userspace_open_connections",
+            "default/web",
+        ) == Some(3.0)
+    });
+    let r = http_get(topology.client(), addr(NODE_PORT), t);
+    assert!(
+        matches!(r, Err(kp_testkit::ClientError::Reset)),
+        "the fourth connection is reset: {r:?}"
+    );
+    assert_eq!(
+        metric(
+            node,
+            "kube_proxy_rs_userspace_rejected_connections_total",
+            "default/web"
+        ),
+        Some(1.0)
+    );
+    proxy.wait_until("the limit is logged", || {
+        proxy_log_has(dir.path(), "connection limit reached")
+    });
+    drop(held);
+    proxy.wait_until("the slots are free again", || {
+        metric(
+            node,
+            "kube_proxy_rs_userspace_open_connections",
+            "default/web",
+        ) == Some(0.0)
+    });
+    let r = http_get(topology.client(), addr(NODE_PORT), t);
+    assert!(r.is_ok(), "{r:?}");
+    assert!(proxy.is_running());
+}
+
+fn proxy_log_has(dir: &std::path::Path, needle: &str) -> bool {
+    std::fs::read_to_string(dir.join("proxy.log")).is_ok_and(|l| l.contains(needle))
+}

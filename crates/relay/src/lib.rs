@@ -25,14 +25,15 @@
 //!   only what the pipe holds (64 KiB by default); when the destination is slow the pipe stays
 //!   full, the source is not read, and TCP flow control pushes back to the sender. Memory per
 //!   connection is therefore about two pipes' kernel buffers (2 x 64 KiB) plus the sockets'
-//!   own buffers, and a few hundred bytes of task state; no user buffer grows.
+//!   own buffers, and under 1 KiB of task state; no user buffer grows.
 //! - **File descriptors.** A TCP connection costs 2 sockets + 4 pipe fds = 6 fds, all owned
 //!   (`OwnedFd`) and closed when the connection's task ends. A UDP flow costs 1 socket. See
 //!   [`raise_fd_limit`] and [`RelayConfig::max_connections`].
 //! - **UDP.** One flow per client address:port, with a connected socket towards its endpoint;
 //!   replies go back *through the listening socket* (so conntrack can undo the redirect), and
 //!   the flow ends after [`RelayConfig::udp_timeout`] without a packet in either direction.
-//!   Datagrams are copied through one 64 KiB buffer per worker thread, not per flow.
+//!   Datagrams are copied through 64 KiB buffers, one per listener (client to endpoint) and
+//!   one per worker thread (replies), never one per flow.
 //!
 //! `splice` into a socket whose peer is gone reports `EPIPE`; like every Rust binary the
 //! daemon runs with `SIGPIPE` ignored, so this is an ordinary error that closes the connection.
@@ -351,8 +352,9 @@ impl Drop for Inner {
 /// How long [`Relay::apply`] waits for a closed listener's task to drop its socket.
 const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
-/// The userspace proxy's listeners and their connections. Cheap to clone (an `Arc`); the last
-/// clone dropped closes every listener, like [`Relay::shutdown`].
+/// The userspace proxy's listeners and their connections. Cheap to clone (an `Arc`); dropping
+/// the last clone stops every listener's task (without waiting, unlike [`Relay::shutdown`]);
+/// connections and flows still open finish on their own.
 #[derive(Clone)]
 pub struct Relay {
     inner: Arc<Inner>,

@@ -9,9 +9,9 @@
 //! when its endpoint answers with ICMP port unreachable (the next datagram then starts a new
 //! flow, on the next endpoint).
 //!
-//! Replies are copied through one 64 KiB buffer per worker thread, used only between two
-//! non-blocking calls with no `.await` in between, so a flow costs a socket and a small struct,
-//! not a buffer.
+//! Requests are copied through the receive task's 64 KiB buffer; replies through one 64 KiB
+//! buffer per worker thread, used only between two non-blocking calls with no `.await` in
+//! between. A flow therefore costs a socket and a small struct, not a buffer.
 
 use std::cell::RefCell;
 use std::collections::HashMap;

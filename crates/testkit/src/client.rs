@@ -3,7 +3,9 @@
 //! Outcomes are classified by [`ClientError`], so a test can tell a REJECT rule
 //! ([`ClientError::Refused`]: an RST or ICMP port-unreachable) from a DROP rule or a
 //! missing backend ([`ClientError::Timeout`]) from a routing hole or an ICMP
-//! host/net-unreachable ([`ClientError::Unreachable`]).
+//! host/net-unreachable ([`ClientError::Unreachable`]), and all of them from a connection
+//! accepted and then reset ([`ClientError::Reset`], a userspace proxy without a working
+//! endpoint).
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream, UdpSocket};
@@ -460,7 +462,9 @@ mod tests {
         assert!(matches!(c(Errno::ENETUNREACH), ClientError::Unreachable));
         assert!(matches!(c(Errno::ETIMEDOUT), ClientError::Timeout));
         assert!(matches!(c(Errno::EAGAIN), ClientError::Timeout));
-        assert!(matches!(c(Errno::ECONNRESET), ClientError::Other(_)));
+        assert!(matches!(c(Errno::ECONNRESET), ClientError::Reset));
+        assert!(matches!(c(Errno::EPIPE), ClientError::Reset));
+        assert!(matches!(c(Errno::EINVAL), ClientError::Other(_)));
         let timed_out = io::Error::new(io::ErrorKind::TimedOut, "connection timed out");
         assert!(matches!(
             ClientError::classify(timed_out),
