@@ -216,6 +216,32 @@ fn round_robin_nodeport_clusterip_portals_metrics_and_no_endpoints() {
             >= 1.0
     );
     assert_eq!(curl(node, "/proxyMode").trim(), "userspace");
+    // The tracer on this live node: the portal, then the proxy's choice of the two endpoints,
+    // each behind the node's address.
+    let (ok, out, err) = run_in(
+        node,
+        &[
+            "trace",
+            "--live",
+            "--from",
+            "external",
+            "--src",
+            "192.168.56.100",
+            "--dst",
+            "192.168.56.10",
+            "--dport",
+            "30080",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("KUBE-NODEPORT-CONTAINER") && out.contains("REDIRECT"),
+        "{out}"
+    );
+    assert!(
+        out.contains("10.0.0.4:80") && out.contains("10.0.1.2:80"),
+        "{out}"
+    );
     drop(proxy);
 }
 
@@ -524,6 +550,24 @@ fn cleanup_and_a_switch_to_iptables_mode_remove_the_portals() {
     assert!(
         !saved.contains("KUBE-SERVICES") && !saved.contains("KUBE-SEP-"),
         "{saved}"
+    );
+    // nftables mode: the portal chains go with the rest of the iptables rules.
+    let mut nft = vec!["--proxy-mode=nftables", "--manifests", manifest, "--once"];
+    nft.extend(NODE_ARGS);
+    let (ok, _, err) = run_in(&ns, &nft);
+    assert!(ok, "{err}");
+    let saved = save(&ns, "iptables-save");
+    assert!(
+        !saved.contains("KUBE-PORTALS") && !saved.contains("KUBE-NODEPORT-NON-LOCAL"),
+        "{saved}"
+    );
+    let (ok, _, err) = run_in(&ns, &args);
+    assert!(ok, "{err}");
+    assert!(
+        !ns.run("nft", ["list", "tables"])
+            .unwrap_or_default()
+            .contains("kube-proxy"),
+        "userspace mode deletes nftables mode's tables"
     );
     // --cleanup removes everything of ours.
     let (ok, _, err) = run_in(&ns, &["--cleanup"]);
