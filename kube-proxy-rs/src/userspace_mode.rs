@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use kp_model::{IpFamily, Protocol};
-use kp_proxier::userspace::{FakeRelay, Listener, PortalRelay};
+use kp_proxier::userspace::{FakeRelay, Listener, PortalRelay, Scope};
 use kp_relay::{ListenerSpec, Relay, RelayConfig};
 use kp_trace::{UserspaceListener, UserspaceTable};
 
@@ -155,7 +155,7 @@ impl PortalRelay for DryRelay {
                         l.protocol == Protocol::Udp,
                         SocketAddr::new(wildcard(self.family), port),
                         l.service.to_string(),
-                        l.external,
+                        l.scope,
                         l.affinity,
                         l.endpoints.clone(),
                     ))
@@ -173,7 +173,7 @@ fn table_row(
     udp: bool,
     listen: SocketAddr,
     service: String,
-    external: bool,
+    scope: Scope,
     affinity: Option<Duration>,
     endpoints: Vec<SocketAddr>,
 ) -> UserspaceListener {
@@ -185,7 +185,11 @@ fn table_row(
         },
         listen,
         service,
-        external,
+        scope: match scope {
+            Scope::Internal => kp_trace::ListenerScope::Internal,
+            Scope::External => kp_trace::ListenerScope::External,
+            Scope::Cluster => kp_trace::ListenerScope::Cluster,
+        },
         affinity: affinity.map(|d| u32::try_from(d.as_secs()).unwrap_or(u32::MAX)),
         endpoints,
     }
@@ -199,12 +203,15 @@ pub struct Relays {
     pub relays: Vec<(IpFamily, Relay)>,
 }
 
-/// Splits a relay key (`SPN` or `SPN external`) into the ServicePortName text and whether
-/// it is the external listener.
-fn split_key(key: &str) -> (&str, bool) {
-    match key.strip_suffix(" external") {
-        Some(spn) => (spn, true),
-        None => (key, false),
+/// Splits a relay key (`SPN`, `SPN external` or `SPN cluster`, see
+/// [`Listener::key`]) into the ServicePortName text and the listener's scope.
+fn split_key(key: &str) -> (&str, Scope) {
+    if let Some(spn) = key.strip_suffix(" external") {
+        (spn, Scope::External)
+    } else if let Some(spn) = key.strip_suffix(" cluster") {
+        (spn, Scope::Cluster)
+    } else {
+        (key, Scope::Internal)
     }
 }
 
@@ -213,7 +220,7 @@ impl kp_admin::UserspaceStats for Relays {
         let mut out = Vec::new();
         for (family, relay) in &self.relays {
             for l in relay.listeners() {
-                let (spn, external) = split_key(&l.key);
+                let (spn, scope) = split_key(&l.key);
                 out.push(kp_admin::UserspaceListenerStats {
                     ip_family: match family {
                         IpFamily::V4 => "IPv4",
@@ -224,7 +231,7 @@ impl kp_admin::UserspaceStats for Relays {
                         kp_relay::Protocol::Tcp => "TCP",
                         kp_relay::Protocol::Udp => "UDP",
                     },
-                    scope: if external { "external" } else { "internal" },
+                    scope: scope.as_str(),
                     port: l.port,
                     endpoints: l.endpoints.len(),
                     active: l.active,
@@ -243,12 +250,12 @@ impl kp_admin::UserspaceStats for Relays {
         let mut table = UserspaceTable::default();
         for (family, relay) in &self.relays {
             for l in relay.listeners() {
-                let (spn, external) = split_key(&l.key);
+                let (spn, scope) = split_key(&l.key);
                 table.listeners.push(table_row(
                     l.protocol == kp_relay::Protocol::Udp,
                     SocketAddr::new(wildcard(*family), l.port),
                     spn.to_string(),
-                    external,
+                    scope,
                     l.affinity,
                     l.endpoints.clone(),
                 ));
@@ -276,7 +283,14 @@ mod tests {
 
     #[test]
     fn keys_split() {
-        assert_eq!(split_key("ns/web:http external"), ("ns/web:http", true));
-        assert_eq!(split_key("ns/web:http"), ("ns/web:http", false));
+        assert_eq!(
+            split_key("ns/web:http external"),
+            ("ns/web:http", Scope::External)
+        );
+        assert_eq!(
+            split_key("ns/web:http cluster"),
+            ("ns/web:http", Scope::Cluster)
+        );
+        assert_eq!(split_key("ns/web:http"), ("ns/web:http", Scope::Internal));
     }
 }

@@ -511,7 +511,11 @@ fn userspace_rules(scn: &Scenario, family: IpFamily) -> Rules {
                 },
                 listen: SocketAddr::new(wildcard, p.port),
                 service: p.listener.service.to_string(),
-                external: p.listener.external,
+                scope: match p.listener.scope {
+                    kp_proxier::userspace::Scope::Internal => kp_trace::ListenerScope::Internal,
+                    kp_proxier::userspace::Scope::External => kp_trace::ListenerScope::External,
+                    kp_proxier::userspace::Scope::Cluster => kp_trace::ListenerScope::Cluster,
+                },
                 affinity: p
                     .listener
                     .affinity

@@ -18,7 +18,8 @@
 //! `scope` is `internal` for a listener serving a Service port's ClusterIP (and its external
 //! destinations when they use the same endpoints), `external` for the second listener a
 //! port gets when its external destinations use other endpoints (`externalTrafficPolicy:
-//! Local`).
+//! Local`), and `cluster` for the one that takes pod and node traffic to those destinations
+//! to every endpoint when both traffic policies are Local.
 
 use std::sync::{Arc, Mutex};
 
@@ -37,7 +38,7 @@ pub struct UserspaceListenerStats {
     pub service_port: String,
     /// `TCP` or `UDP`.
     pub protocol: &'static str,
-    /// `internal` or `external` (see the module docs).
+    /// `internal`, `external` or `cluster` (see the module docs).
     pub scope: &'static str,
     /// The listening port.
     pub port: u16,

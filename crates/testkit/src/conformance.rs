@@ -283,8 +283,6 @@ pub fn scenarios() -> Vec<Scenario> {
 /// masqueraded (the client address is always hidden).
 fn add_userspace_exceptions(scenarios: &mut [Scenario]) {
     const SOURCE_RANGES: &str = "userspace mode sends only the allowed sources to the proxy (its portals match the ranges); other sources are not proxied and go on as if no Service had the LB IP, where the kernel modes drop them";
-    const BOTH_LOCAL: &str = "userspace mode gives a port one proxy socket per endpoint set it needs for its ClusterIP and external destinations; with both policies Local those are the same (local) set, so pod and node traffic to the NodePort stays on the local endpoints instead of being short-circuited to all of them";
-    let l1_only = || Expect::Backends(vec![(L1, true)]);
     let table: Vec<(&str, &str, Expect, &'static str)> = vec![
         (
             "targetPort, named ports, UDP and SCTP",
@@ -303,18 +301,6 @@ fn add_userspace_exceptions(scenarios: &mut [Scenario]) {
             "node IP outside every range",
             Expect::Unchanged,
             SOURCE_RANGES,
-        ),
-        (
-            "internalTrafficPolicy: Local",
-            "both policies Local: pod traffic to the NodePort",
-            l1_only(),
-            BOTH_LOCAL,
-        ),
-        (
-            "internalTrafficPolicy: Local",
-            "both policies Local: node traffic to the NodePort",
-            l1_only(),
-            BOTH_LOCAL,
         ),
     ];
     for (scenario, row, expect, why) in table {

@@ -126,7 +126,8 @@ pub use packet::{Entry, Packet, Proto};
 pub use render::render_text;
 pub use result::{Delivery, Destination, Effect, Mode, Outcome, Step, Trace, Verdict};
 pub use userspace::{
-    UserspaceListener, UserspaceTable, portal_node_addresses, trace_userspace, trace_userspace_with,
+    ListenerScope, UserspaceListener, UserspaceTable, portal_node_addresses, trace_userspace,
+    trace_userspace_with,
 };
 
 use kp_netfilter::Ruleset;

@@ -47,7 +47,9 @@
 //! `TCP` or `UDP`; the listen address (`0.0.0.0` / `[::]` for the wildcard); the Service
 //! port's name (`namespace/name:port`, no spaces); `internal` (ClusterIP traffic) or
 //! `external` (NodePort, external IP and load-balancer traffic when it uses other
-//! endpoints, e.g. with `externalTrafficPolicy: Local`); `none` or `clientip:<seconds>`;
+//! endpoints, e.g. with `externalTrafficPolicy: Local`) or `cluster` (pod and node traffic
+//! to those destinations, sent to every endpoint when both traffic policies are Local);
+//! `none` or `clientip:<seconds>`;
 //! the endpoints, comma-separated `ip:port` (`[ip]:port` for IPv6), or `-` for none.
 //!
 //! ```
@@ -83,6 +85,32 @@ pub struct UserspaceTable {
     pub listeners: Vec<UserspaceListener>,
 }
 
+/// Which traffic of a Service port a listener takes (the table's `scope` field).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ListenerScope {
+    /// `internal`: ClusterIP traffic (and the external destinations when they use the same
+    /// endpoints).
+    Internal,
+    /// `external`: NodePort, external-IP and load-balancer traffic, with its own endpoints
+    /// (e.g. `externalTrafficPolicy: Local`).
+    External,
+    /// `cluster`: pod and node traffic to the external destinations, short-circuited to
+    /// the cluster-wide endpoints when neither other listener has them (both traffic
+    /// policies Local).
+    Cluster,
+}
+
+impl ListenerScope {
+    /// The table's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ListenerScope::Internal => "internal",
+            ListenerScope::External => "external",
+            ListenerScope::Cluster => "cluster",
+        }
+    }
+}
+
 /// One listening socket of the userspace proxy and where it sends what it accepts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserspaceListener {
@@ -93,9 +121,8 @@ pub struct UserspaceListener {
     pub listen: SocketAddr,
     /// The Service port it serves (`namespace/name:port`).
     pub service: String,
-    /// Whether it takes external traffic (NodePort, external IPs, load balancers) with
-    /// its own endpoints; `false`: ClusterIP traffic (`internal`).
-    pub external: bool,
+    /// Which of the Service port's traffic it takes.
+    pub scope: ListenerScope,
     /// Session affinity by client IP, with its timeout in seconds; `None`: none.
     pub affinity: Option<u32>,
     /// The endpoints it connects to, in round-robin order (empty: none).
@@ -127,7 +154,7 @@ impl UserspaceTable {
     ///
     /// [`TraceError::UserspaceTable`], naming the 1-based line and the field: a line
     /// without exactly six fields, a protocol other than `TCP`/`UDP`, an address that is
-    /// not `ip:port` (`[ip]:port`), a scope other than `internal`/`external`, an affinity
+    /// not `ip:port` (`[ip]:port`), a scope other than `internal`/`external`/`cluster`, an affinity
     /// other than `none`/`clientip:<seconds>`, a bad endpoint or one of the other family,
     /// or a second listener of the same protocol and address.
     pub fn parse(text: &str) -> Result<UserspaceTable, TraceError> {
@@ -191,13 +218,14 @@ impl UserspaceTable {
                 )
             })?;
             let service = fields[2].to_string();
-            let external = match fields[3] {
-                "internal" => false,
-                "external" => true,
+            let scope = match fields[3] {
+                "internal" => ListenerScope::Internal,
+                "external" => ListenerScope::External,
+                "cluster" => ListenerScope::Cluster,
                 other => {
                     return Err(err(
                         "scope",
-                        format!("`{other}' is not internal or external"),
+                        format!("`{other}' is not internal, external or cluster"),
                     ));
                 }
             };
@@ -261,7 +289,7 @@ impl UserspaceTable {
                 protocol,
                 listen,
                 service,
-                external,
+                scope,
                 affinity,
                 endpoints,
             });
@@ -310,11 +338,7 @@ impl fmt::Display for UserspaceListener {
             "{} {} {} {} ",
             self.key(),
             self.service,
-            if self.external {
-                "external"
-            } else {
-                "internal"
-            },
+            self.scope.as_str(),
             match self.affinity {
                 None => "none".to_string(),
                 Some(s) => format!("clientip:{s}"),
@@ -419,7 +443,7 @@ UDP [::]:36003 kube-system/dns:dns internal none -
         assert_eq!(l.protocol, Proto::Tcp);
         assert_eq!(l.listen, "0.0.0.0:36001".parse().unwrap());
         assert_eq!(l.service, "default/web:http");
-        assert!(!l.external);
+        assert_eq!(l.scope, ListenerScope::Internal);
         assert_eq!(l.affinity, None);
         assert_eq!(
             l.endpoints,
@@ -428,7 +452,7 @@ UDP [::]:36003 kube-system/dns:dns internal none -
                 "10.0.2.5:80".parse().unwrap()
             ]
         );
-        assert!(t.listeners[1].external);
+        assert_eq!(t.listeners[1].scope, ListenerScope::External);
         assert_eq!(t.listeners[1].affinity, Some(10800));
         assert_eq!(t.listeners[2].protocol, Proto::Udp);
         assert_eq!(t.listeners[2].listen, "[::]:36003".parse().unwrap());
@@ -538,17 +562,21 @@ UDP [::]:36003 kube-system/dns:dns internal none -
                     prop_oneof![Just(Proto::Tcp), Just(Proto::Udp)],
                     addr(v6),
                     "[a-z0-9-]{1,12}/[a-z0-9-]{1,12}(:[a-z0-9-]{1,8})?",
-                    any::<bool>(),
+                    prop_oneof![
+                        Just(ListenerScope::Internal),
+                        Just(ListenerScope::External),
+                        Just(ListenerScope::Cluster),
+                    ],
                     proptest::option::of(any::<u32>()),
                     proptest::collection::vec(addr(v6), 0..4),
                 )
                     .prop_map(
-                        |(protocol, listen, service, external, affinity, endpoints)| {
+                        |(protocol, listen, service, scope, affinity, endpoints)| {
                             UserspaceListener {
                                 protocol,
                                 listen,
                                 service,
-                                external,
+                                scope,
                                 affinity,
                                 endpoints,
                             }

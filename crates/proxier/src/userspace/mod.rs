@@ -34,15 +34,38 @@ use crate::iptables::reconcile::KernelTable;
 use crate::{Host, NodePortAddresses, Proxier, ProxierError, ProxyMode, SyncReport};
 pub use render::{FILTER_CHAINS, NAT_CHAINS, NodeView, Portal, Rendered};
 
+/// Which traffic of a Service port a listener takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Scope {
+    /// The ClusterIP, and the external destinations when they use the same endpoints.
+    Internal,
+    /// The external destinations (NodePort, externalIPs, LB IPs), when they use other
+    /// endpoints than the ClusterIP (`externalTrafficPolicy: Local`).
+    External,
+    /// Pod and node traffic to the external destinations under `externalTrafficPolicy:
+    /// Local`, which the kernel modes short-circuit to the cluster-wide endpoints, when
+    /// neither other listener has those (`internalTrafficPolicy: Local` too).
+    Cluster,
+}
+
+impl Scope {
+    /// `internal`, `external` or `cluster` (metrics labels, the proxy table).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Internal => "internal",
+            Scope::External => "external",
+            Scope::Cluster => "cluster",
+        }
+    }
+}
+
 /// One listener of the relay: what it serves and where it sends connections.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listener {
     /// The Service port.
     pub service: ServicePortName,
-    /// Whether this listener serves the port's external destinations (NodePort, externalIPs,
-    /// LB IPs) because they use other endpoints than its ClusterIP; otherwise it serves all
-    /// of them.
-    pub external: bool,
+    /// Which of the port's traffic it takes.
+    pub scope: Scope,
     /// TCP or UDP.
     pub protocol: Protocol,
     /// ClientIP session affinity timeout; `None`: no affinity.
@@ -52,12 +75,11 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// The relay key: `SPN` or `SPN external`.
+    /// The relay key: `SPN`, `SPN external` or `SPN cluster`.
     pub fn key(&self) -> String {
-        if self.external {
-            format!("{} external", self.service)
-        } else {
-            self.service.to_string()
+        match self.scope {
+            Scope::Internal => self.service.to_string(),
+            other => format!("{} {}", self.service, other.as_str()),
         }
     }
 }
@@ -160,26 +182,30 @@ pub fn listeners(snap: &Snapshot) -> (Vec<Listener>, Vec<ServicePortName>) {
                 Some(Duration::from_secs(u64::from(timeout_seconds)))
             }
         };
-        let make = |external: bool, endpoints: Vec<SocketAddr>| Listener {
+        let make = |scope: Scope, endpoints: Vec<SocketAddr>| Listener {
             service: name.clone(),
-            external,
+            scope,
             protocol: name.protocol,
             affinity,
             endpoints,
         };
+        let mut mine = Vec::new();
         if svc.externally_accessible() {
             let external = if svc.external_policy_local {
                 addrs(&cat.local)
             } else {
                 addrs(&cat.cluster)
             };
+            let cluster = addrs(&cat.cluster);
+            if svc.external_policy_local && cluster != internal && cluster != external {
+                mine.push(make(Scope::Cluster, cluster));
+            }
             if external != internal {
-                out.push(make(false, internal));
-                out.push(make(true, external));
-                continue;
+                mine.push(make(Scope::External, external));
             }
         }
-        out.push(make(false, internal));
+        out.push(make(Scope::Internal, internal));
+        out.append(&mut mine);
     }
     (out, sctp)
 }
@@ -380,7 +406,7 @@ impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
                 Err(e) => {
                     let key = listener.key();
                     if self.failed.get(&key) != Some(&e) {
-                        error!(service = %listener.service, external = listener.external, error = %e, "cannot open the proxy socket; this Service port gets no rules until it can");
+                        error!(service = %listener.service, scope = listener.scope.as_str(), error = %e, "cannot open the proxy socket; this Service port gets no rules until it can");
                     }
                     failed.insert(key, e);
                 }

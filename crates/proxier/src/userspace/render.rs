@@ -37,7 +37,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use kp_model::{Protocol, ServicePortInfo, Snapshot};
 
-use super::Listener;
+use super::{Listener, Scope};
 use crate::{LocalMatch, NodePortAddresses};
 
 /// The nat chain for ClusterIP, externalIP and LB-IP traffic arriving from outside the node.
@@ -217,16 +217,20 @@ pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rende
         )
     };
     for (name, svc) in &snap.services {
-        let port_of = |external: bool| {
+        let port_of = |scope: Scope| {
             portals
                 .iter()
-                .find(|p| p.listener.service == *name && p.listener.external == external)
+                .find(|p| p.listener.service == *name && p.listener.scope == scope)
                 .map(|p| p.port)
         };
-        let Some(internal) = port_of(false) else {
+        let Some(internal) = port_of(Scope::Internal) else {
             continue;
         };
-        let external = port_of(true).unwrap_or(internal);
+        let external = port_of(Scope::External).unwrap_or(internal);
+        // Under externalTrafficPolicy: Local, pod and node traffic to an external
+        // destination goes to the cluster-wide endpoints: the cluster listener's, or the
+        // ClusterIP's when they are the same.
+        let cluster = port_of(Scope::Cluster).unwrap_or(internal);
         // ClusterIP.
         for (chain, buf) in [
             (KUBE_PORTALS_CONTAINER, &mut container),
@@ -269,7 +273,7 @@ pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rende
         }
         // Where the external listener differs, pod traffic (and the node's own) to an
         // external destination goes to the ClusterIP's listener.
-        let short_circuit = external != internal;
+        let short_circuit = svc.external_policy_local && external != cluster;
         for (dst, src) in external_dsts {
             if short_circuit && src.is_none() && node.local.is_some() {
                 rule_head(
@@ -280,7 +284,7 @@ pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rende
                     node.local.as_ref(),
                 );
                 port_match(&mut container, svc, svc.port);
-                container_target(&mut container, internal);
+                container_target(&mut container, cluster);
             }
             rule_head(&mut container, KUBE_PORTALS_CONTAINER, src, Some(dst), None);
             port_match(&mut container, svc, svc.port);
@@ -290,7 +294,7 @@ pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rende
             host_target(
                 &mut host,
                 node.node_ip,
-                if short_circuit { internal } else { external },
+                if short_circuit { cluster } else { external },
             );
         }
         // NodePorts.
@@ -309,7 +313,7 @@ pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rende
                         node.local.as_ref(),
                     );
                     port_match(&mut np_container, svc, np);
-                    container_target(&mut np_container, internal);
+                    container_target(&mut np_container, cluster);
                 }
                 rule_head(&mut np_container, KUBE_NODEPORT_CONTAINER, None, dst, None);
                 port_match(&mut np_container, svc, np);
@@ -319,7 +323,7 @@ pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rende
                 host_target(
                     &mut np_host,
                     node.node_ip,
-                    if short_circuit { internal } else { external },
+                    if short_circuit { cluster } else { external },
                 );
             }
             let _ = write!(out.filter, "-A {KUBE_NODEPORT_NON_LOCAL}");

@@ -83,10 +83,14 @@ impl Engine<'_> {
             effect,
             detail,
         };
-        let scope = if l.external {
-            "external traffic: NodePort, external IPs, load balancers"
-        } else {
-            "ClusterIP traffic"
+        let scope = match l.scope {
+            crate::ListenerScope::External => {
+                "external traffic: NodePort, external IPs, load balancers"
+            }
+            crate::ListenerScope::Cluster => {
+                "pod and node traffic to external destinations, short-circuited to every endpoint"
+            }
+            crate::ListenerScope::Internal => "ClusterIP traffic",
         };
         let who = format!(
             "userspace proxy listener {} ({}, {scope})",

@@ -6,7 +6,7 @@ use kp_testkit::builders::{ServiceBuilder, SliceBuilder, ip, snapshot};
 
 use super::*;
 use crate::LocalMatch;
-use crate::userspace::listeners;
+use crate::userspace::{Scope, listeners};
 
 fn portals(snap: &Snapshot) -> Vec<Portal> {
     listeners(snap)
@@ -69,8 +69,8 @@ fn external_policy_local_gets_its_own_listener() {
     let snap = snapshot(IpFamily::V4, "node-a", vec![web], vec![slice]);
     let (ls, _) = listeners(&snap);
     assert_eq!(ls.len(), 2, "{ls:?}");
-    assert!(!ls[0].external && ls[0].endpoints.len() == 2);
-    assert!(ls[1].external && ls[1].endpoints == [ip_port("10.0.1.4:8080")]);
+    assert!(ls[0].scope == Scope::Internal && ls[0].endpoints.len() == 2);
+    assert!(ls[1].scope == Scope::External && ls[1].endpoints == [ip_port("10.0.1.4:8080")]);
     let npa = NodePortAddresses::parse(&["192.168.56.0/24"]).unwrap();
     let local = [ip("127.0.0.1"), ip("192.168.56.10"), ip("10.0.1.1")];
     let node = NodeView {
@@ -127,4 +127,34 @@ fn ipv6_and_missing_listeners() {
         "a Service port without a listener gets no rules"
     );
     assert!(r.filter.is_empty());
+}
+
+#[test]
+fn both_policies_local_short_circuit_pod_and_node_traffic_to_every_endpoint() {
+    let web = ServiceBuilder::new("ns/web", "10.96.0.10")
+        .tcp("http", 80)
+        .node_port(30080)
+        .external_local(Some(31000))
+        .internal_local()
+        .build();
+    let slice = SliceBuilder::new("ns/web")
+        .port("http", 8080)
+        .ready("10.0.1.4", "node-a")
+        .ready("10.0.2.5", "node-b")
+        .build();
+    let snap = snapshot(IpFamily::V4, "node-a", vec![web], vec![slice]);
+    let (ls, _) = listeners(&snap);
+    let scopes: Vec<(Scope, usize)> = ls.iter().map(|l| (l.scope, l.endpoints.len())).collect();
+    // ClusterIP and external traffic: the local endpoint; the short-circuit: both.
+    assert_eq!(scopes, [(Scope::Internal, 1), (Scope::Cluster, 2)]);
+    let npa = NodePortAddresses::all();
+    let node = NodeView {
+        node_ip: Some(ip("192.168.56.10")),
+        nodeport_addresses: &npa,
+        local_addrs: &[],
+        local: Some(LocalMatch::Source("10.0.0.0/16".parse().unwrap())),
+    };
+    let r = render(&snap, &portals(&snap), &node);
+    assert!(r.nat.contains("-A KUBE-NODEPORT-CONTAINER -s 10.0.0.0/16 -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 30080 -j REDIRECT --to-ports 36001\n-A KUBE-NODEPORT-CONTAINER -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 30080 -j REDIRECT --to-ports 36000\n"), "{}", r.nat);
+    assert!(r.nat.contains("-A KUBE-NODEPORT-HOST -p tcp -m comment --comment \"ns/web:http\" -m tcp --dport 30080 -j DNAT --to-destination 192.168.56.10:36001\n"), "{}", r.nat);
 }
