@@ -250,6 +250,12 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "PATH")]
     pub manifests: Option<PathBuf>,
 
+    /// With --manifests: how long a file that is still there but became empty, or lost
+    /// every object it defined, keeps its objects (a file rewritten in place is empty for a
+    /// moment); a warning says so. 0 removes them at once. Deleting a file always does.
+    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    pub manifest_grace_period: Duration,
+
     /// The pod CIDR(s) of the cluster, comma-separated (one per family): traffic from
     /// outside them to a ClusterIP is masqueraded.
     #[arg(long, value_name = "CIDR[,CIDR]", value_delimiter = ',')]
@@ -276,7 +282,8 @@ pub struct ProxyArgs {
     pub masquerade_all: bool,
 
     /// The bit of the packet mark (fwmark) that marks packets to masquerade, 0..=31 (used by
-    /// both modes; upstream's nftables mode reads it from `nftables.masqueradeBit`).
+    /// the iptables, nftables and IPVS modes; upstream's nftables mode reads it from
+    /// `nftables.masqueradeBit`).
     #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
     pub iptables_masquerade_bit: u8,
 
@@ -285,8 +292,9 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub nodeport_addresses: Vec<String>,
 
-    /// Accept NodePort connections on 127.0.0.1 (sets route_localnet; IPv4, iptables mode
-    /// only: nftables mode never serves NodePorts on loopback, as upstream).
+    /// Accept NodePort connections on 127.0.0.1 (sets route_localnet; IPv4, iptables mode:
+    /// nftables mode never serves NodePorts on loopback, as upstream, and userspace mode
+    /// always does, its proxy sockets being local).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "true", action = ArgAction::Set)]
     pub iptables_localhost_nodeports: bool,
 
@@ -323,7 +331,8 @@ pub struct ProxyArgs {
     pub cleanup: bool,
 
     /// Print what a fresh node would receive (the iptables-restore or `nft -f` input; in IPVS
-    /// mode also the ipset payload and the IPVS table), change nothing, exit.
+    /// mode also the ipset payload and the IPVS table; in userspace mode also the proxy table,
+    /// with ports from 36000 up in place of the real ones), change nothing, exit.
     #[arg(long)]
     pub dry_run: bool,
 
@@ -427,8 +436,8 @@ pub struct CompatArgs {
     #[arg(long, default_value = "", value_name = "VERSION", hide = true)]
     pub show_hidden_metrics_for_version: String,
 
-    /// Userspace mode: the ports the proxy sockets listen on, `BEGIN-END` (inclusive) or
-    /// `BEGIN+COUNT`; empty: the kernel picks a free port for each.
+    /// Userspace mode: the ports the proxy sockets listen on, `BEGIN-END` (inclusive),
+    /// `BEGIN+COUNT` or one port; empty: the kernel picks a free port for each.
     #[arg(long, default_value = "", value_name = "RANGE")]
     pub proxy_port_range: String,
 

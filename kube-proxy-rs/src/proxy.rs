@@ -466,7 +466,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     let userspace_cfg = if userspace_mode {
         Some(kp_proxier::userspace::UserspaceConfig {
             nodeport_addresses: NodePortAddresses::parse(&args.nodeport_addresses)?,
-            local_detector: local_detector(&args)?,
+            local_detector: ipt_cfg.local_detector.clone(),
         })
     } else {
         None
@@ -474,6 +474,11 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     if userspace_mode {
         // Both families' settings are checked before anything is changed.
         crate::userspace_mode::relay_config(&args, IpFamily::V4)?;
+        if args.once && !args.dry_run {
+            warn!(
+                "--once in userspace mode: the proxy sockets close when this process exits, so the portals it writes lead nowhere until a userspace-mode daemon runs again"
+            );
+        }
         if !args.dry_run {
             match kp_relay::raise_fd_limit() {
                 Ok(n) => info!(open_files = n, "userspace mode: raised the open-file limit"),
@@ -562,7 +567,8 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         let counter = skipped.clone();
         let mut source: tokio::task::JoinHandle<anyhow::Result<()>> = match args.manifests.clone() {
             Some(path) => tokio::spawn(async move {
-                kp_source::watch::watch_manifests(path, tx, move |e| {
+                let opts = kp_source::watch::WatchOptions { grace: args.manifest_grace_period };
+                kp_source::watch::watch_manifests_with(path, opts, tx, move |e| {
                     counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     error!("{e}")
                 })
@@ -828,7 +834,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         }
         for (family, table) in userspace_outputs {
             let text = table.lock().map(|s| s.clone()).unwrap_or_default();
-            println!("# {family}: userspace proxy table (kube-proxy-rs trace --userspace)");
+            println!("# {family}{}", crate::trace::DRY_RUN_TABLE_HEADER);
             print!("{text}");
         }
         for (family, sink) in outputs {

@@ -402,6 +402,23 @@ fn fetch_live_userspace() -> anyhow::Result<String> {
     Ok(body.to_string())
 }
 
+/// The header `--dry-run --proxy-mode userspace` prints above each family's proxy table.
+pub(crate) const DRY_RUN_TABLE_HEADER: &str =
+    ": userspace proxy table (kube-proxy-rs trace --userspace)";
+
+/// The `family` (`IPv4`, `IPv6`) proxy table of a whole `--dry-run` output (its section runs
+/// from its header to the next `# <family>: ` section header); `None` when `text` is not a
+/// dry run's output.
+fn dry_run_table(text: &str, family: &str) -> Option<String> {
+    let header = format!("# {family}{DRY_RUN_TABLE_HEADER}");
+    let mut lines = text.lines().skip_while(|l| *l != header);
+    lines.next()?;
+    let section: Vec<&str> = lines
+        .take_while(|l| !(l.starts_with("# IPv4: ") || l.starts_with("# IPv6: ")))
+        .collect();
+    Some(section.join("\n") + "\n")
+}
+
 /// The userspace proxy's table: `--userspace FILE`, or with `--live` the daemon's
 /// (`--mode userspace`, or `auto` when `rules` have the portal chains). `Ok(None)`: not
 /// userspace mode.
@@ -409,6 +426,8 @@ fn load_userspace(args: &TraceArgs, rules: &Rules) -> anyhow::Result<Option<User
     if let Some(path) = &args.userspace {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let family = if args.dst.is_ipv4() { "IPv4" } else { "IPv6" };
+        let text = dry_run_table(&text, family).unwrap_or(text);
         return UserspaceTable::parse(&text)
             .map(Some)
             .map_err(|e| anyhow!("{}: {e}", path.display()));
@@ -794,4 +813,26 @@ fn ipsets_missing(host: &Host) -> bool {
         .ipsets
         .keys()
         .any(|n| n.starts_with("KUBE-") && n.ends_with("CLUSTER-IP"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_proxy_table_of_a_whole_dry_run_is_found_per_family() {
+        let dry = format!(
+            "# IPv4{DRY_RUN_TABLE_HEADER}\n{}\nTCP 0.0.0.0:36000 default/web internal none 10.0.0.4:80\n\
+             # IPv6{DRY_RUN_TABLE_HEADER}\n{}\nTCP [::]:36000 default/web6 internal none -\n\
+             # IPv4: iptables-restore input\n*filter\nCOMMIT\n",
+            kp_trace::userspace::USERSPACE_TABLE_HEADER,
+            kp_trace::userspace::USERSPACE_TABLE_HEADER
+        );
+        let v4 = UserspaceTable::parse(&dry_run_table(&dry, "IPv4").unwrap()).unwrap();
+        assert_eq!(v4.listeners.len(), 1);
+        assert_eq!(v4.listeners[0].service, "default/web");
+        let v6 = UserspaceTable::parse(&dry_run_table(&dry, "IPv6").unwrap()).unwrap();
+        assert_eq!(v6.listeners[0].service, "default/web6");
+        assert!(dry_run_table("TCP 0.0.0.0:1 a/b internal none -\n", "IPv4").is_none());
+    }
 }

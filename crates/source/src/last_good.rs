@@ -31,6 +31,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use crate::manifests::{Loaded, ManifestError, ManifestSet, ObjectKey};
 
@@ -46,6 +47,58 @@ pub const KEEP_PATH: &str = "keeping every object last loaded from it";
 pub struct LastGood {
     set: ManifestSet,
     files: BTreeMap<PathBuf, BTreeSet<ObjectKey>>,
+    /// Files that became empty (or lost every object they had) while still present, with
+    /// when that was first seen: their objects are kept until the grace period ends.
+    emptied: BTreeMap<PathBuf, Instant>,
+}
+
+/// What [`LastGood::merge_at`] says about a file that became empty, for the log (a warning,
+/// not a manifest error: nothing is wrong with the file's text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EmptiedNotice {
+    /// The file became empty or lost every object it had: its objects are kept for the
+    /// grace period.
+    Kept {
+        /// The file.
+        file: PathBuf,
+        /// How many objects are kept.
+        objects: usize,
+        /// The grace period.
+        grace: Duration,
+    },
+    /// The grace period ended with the file still without its objects: they are removed.
+    Removed {
+        /// The file.
+        file: PathBuf,
+        /// How many objects go.
+        objects: usize,
+    },
+}
+
+impl std::fmt::Display for EmptiedNotice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EmptiedNotice::Kept {
+                file,
+                objects,
+                grace,
+            } => write!(
+                f,
+                "{}: the file became empty or lost every object it defined (is it being rewritten \
+                 in place?); keeping its {objects} object(s) for {}s (--manifest-grace-period). \
+                 Replace manifests atomically: write a new file next to it, then rename it over \
+                 the old one",
+                file.display(),
+                grace.as_secs_f64()
+            ),
+            EmptiedNotice::Removed { file, objects } => write!(
+                f,
+                "{}: still without its objects after the grace period; removing {objects} \
+                 object(s)",
+                file.display()
+            ),
+        }
+    }
 }
 
 impl LastGood {
@@ -60,6 +113,7 @@ impl LastGood {
         let state = LastGood {
             set: loaded.set,
             files,
+            emptied: BTreeMap::new(),
         };
         (state, loaded.errors)
     }
@@ -78,6 +132,22 @@ impl LastGood {
     /// load (see the module documentation). Returns the new state and `loaded`'s errors, with
     /// what was kept said at the end of the errors concerned.
     pub fn merge(&self, loaded: Loaded) -> (LastGood, Vec<ManifestError>) {
+        let (state, errors, _) = self.merge_at(loaded, Instant::now(), Duration::ZERO);
+        (state, errors)
+    }
+
+    /// [`LastGood::merge`], and a file that is still there but became empty or lost every
+    /// object it had (a file being rewritten in place: `kubectl get -o yaml > file` truncates
+    /// it first) keeps its objects for `grace` from `now`, the first time that was seen; the
+    /// notices say when that starts and when it ends. `grace` zero keeps nothing.
+    pub fn merge_at(
+        &self,
+        loaded: Loaded,
+        now: Instant,
+        grace: Duration,
+    ) -> (LastGood, Vec<ManifestError>, Vec<EmptiedNotice>) {
+        let mut notices = Vec::new();
+        let mut emptied = BTreeMap::new();
         let Loaded {
             mut set,
             mut errors,
@@ -106,6 +176,37 @@ impl LastGood {
                     note(&mut errors, position, KEEP_OBJECT);
                 }
             }
+            let old = self.files.get(&file);
+            if !grace.is_zero()
+                && load.incomplete.is_none()
+                && let Some(old) = old.filter(|o| !o.is_empty() && o.is_disjoint(&owned))
+            {
+                let since = self.emptied.get(&file).copied();
+                let started = since.unwrap_or(now);
+                let missing: Vec<&ObjectKey> = old.iter().filter(|k| !set.contains(k)).collect();
+                if now.saturating_duration_since(started) < grace {
+                    if !missing.is_empty() {
+                        for key in &missing {
+                            if self.keep(&mut set, key) {
+                                owned.insert((*key).clone());
+                            }
+                        }
+                        if since.is_none() {
+                            notices.push(EmptiedNotice::Kept {
+                                file: file.clone(),
+                                objects: missing.len(),
+                                grace,
+                            });
+                        }
+                        emptied.insert(file.clone(), started);
+                    }
+                } else if !missing.is_empty() {
+                    notices.push(EmptiedNotice::Removed {
+                        file: file.clone(),
+                        objects: missing.len(),
+                    });
+                }
+            }
             owners.insert(file, owned);
         }
         // Files not seen this time: deleted, unless they are below a path that cannot be read.
@@ -126,8 +227,17 @@ impl LastGood {
                 owners.insert(file.clone(), owned);
             }
         }
-        let state = LastGood { set, files: owners };
-        (state, errors)
+        let state = LastGood {
+            set,
+            files: owners,
+            emptied,
+        };
+        (state, errors, notices)
+    }
+
+    /// When the earliest grace period of an emptied file ends (`None`: no file is in one).
+    pub fn grace_deadline(&self, grace: Duration) -> Option<Instant> {
+        self.emptied.values().min().map(|since| *since + grace)
     }
 
     /// Puts the last good version of `key` into `set`, unless `set` already has a version of

@@ -70,6 +70,31 @@ pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 /// were not watched yet.
 const MAX_WATCH_ROUNDS: usize = 3;
 
+/// A file modified less than this long ago may still be being written: the reload waits.
+pub const STABLE_AFTER: Duration = Duration::from_millis(300);
+
+/// The longest a reload waits for files to stop changing.
+pub const MAX_STABLE_WAIT: Duration = Duration::from_secs(3);
+
+/// The default of [`WatchOptions::grace`] (`--manifest-grace-period`).
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
+
+/// Settings of [`watch_manifests_with`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WatchOptions {
+    /// How long a file that is still there but became empty, or lost every object it had,
+    /// keeps its objects (a file rewritten in place is empty for a moment); zero: no grace.
+    pub grace: Duration,
+}
+
+impl Default for WatchOptions {
+    fn default() -> Self {
+        WatchOptions {
+            grace: DEFAULT_GRACE,
+        }
+    }
+}
+
 /// Runs the manifest source for `path` (a file or a directory) until `tx` is closed.
 ///
 /// 1. Fails fast with [`SourceError::Path`] when `path` does not exist or cannot be inspected,
@@ -85,9 +110,23 @@ const MAX_WATCH_ROUNDS: usize = 3;
 ///    and sends `old.diff(new)` ([`crate::manifests::ManifestSet::diff`]) as one batch when it
 ///    is not empty.
 ///
-/// Returns `Ok(())` once `tx` is closed.
+/// Returns `Ok(())` once `tx` is closed. Uses the default [`WatchOptions`].
 pub async fn watch_manifests(
     path: PathBuf,
+    tx: mpsc::Sender<Vec<SourceEvent>>,
+    errors: impl Fn(&ManifestError) + Send + 'static,
+) -> Result<(), SourceError> {
+    watch_manifests_with(path, WatchOptions::default(), tx, errors).await
+}
+
+/// [`watch_manifests`] with `opts`: a reload waits (up to [`MAX_STABLE_WAIT`]) until no file
+/// was modified in the last [`STABLE_AFTER`], so a file being written is not applied half
+/// written; and a file that becomes empty or loses every object it had keeps them for
+/// `opts.grace` with a warning ([`LastGood::merge_at`]), so a rewrite in place takes no
+/// Service down. Deleting a file still removes its objects at once.
+pub async fn watch_manifests_with(
+    path: PathBuf,
+    opts: WatchOptions,
     tx: mpsc::Sender<Vec<SourceEvent>>,
     errors: impl Fn(&ManifestError) + Send + 'static,
 ) -> Result<(), SourceError> {
@@ -145,6 +184,7 @@ pub async fn watch_manifests(
     resync.tick().await; // The first tick is immediate.
     let mut watching = true;
     loop {
+        let deadline = state.grace_deadline(opts.grace);
         tokio::select! {
             _ = tx.closed() => return Ok(()),
             changed = notify_rx.recv(), if watching => {
@@ -157,9 +197,21 @@ pub async fn watch_manifests(
                 settle(&mut notify_rx).await;
             }
             _ = resync.tick() => {}
+            () = sleep_until_opt(deadline) => {}
         }
-        let loaded = load_and_watch(&path, &mut watches).await;
-        let (next, errs) = state.merge(loaded);
+        let mut loaded = load_and_watch(&path, &mut watches).await;
+        let waited = Instant::now();
+        while let Some(wait) = recently_written(&loaded, STABLE_AFTER)
+            && waited.elapsed() < MAX_STABLE_WAIT
+        {
+            tokio::time::sleep(wait + Duration::from_millis(10)).await;
+            while notify_rx.try_recv().is_ok() {}
+            loaded = load_and_watch(&path, &mut watches).await;
+        }
+        let (next, errs, notices) = state.merge_at(loaded, Instant::now().into_std(), opts.grace);
+        for n in &notices {
+            warn!("{n}");
+        }
         let fresh: HashSet<ManifestError> = errs.into_iter().collect();
         let mut new_errors: Vec<&ManifestError> = fresh.difference(&reported).collect();
         new_errors.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
@@ -177,6 +229,29 @@ pub async fn watch_manifests(
             return Ok(());
         }
     }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until_opt(deadline: Option<std::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(Instant::from_std(d)).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// When a file of `loaded` was modified less than `within` ago (it may still be being
+/// written): how long until the most recent one is `within` old.
+fn recently_written(loaded: &Loaded, within: Duration) -> Option<Duration> {
+    let now = std::time::SystemTime::now();
+    loaded
+        .files
+        .keys()
+        .filter_map(|f| {
+            let modified = std::fs::metadata(f).and_then(|m| m.modified()).ok()?;
+            let age = now.duration_since(modified).ok()?;
+            within.checked_sub(age).filter(|left| !left.is_zero())
+        })
+        .max()
 }
 
 /// Waits until no change has been seen for [`DEBOUNCE`], or [`MAX_DEBOUNCE`] has passed.

@@ -302,7 +302,11 @@ impl<I: Iptables, R: PortalRelay> UserspaceProxier<I, R> {
             {
                 let _ = writeln!(out, ":{c} - [0:0]");
             }
-            out.push_str(&jump_fixups(table, kt));
+            // A partial sync trusts the jumps the last full one checked; only full syncs
+            // (and a dry run, whose kernel is empty) write them.
+            if let Some(k) = kt {
+                out.push_str(&jump_fixups(table, Some(k)));
+            }
             for c in &stale {
                 let _ = writeln!(out, "-X {c}");
             }
@@ -338,8 +342,9 @@ fn jump_line(chain: &str, rule: &str) -> String {
 }
 
 /// Jump-rule changes for `table`: kube-proxy jumps from built-in chains that are not
-/// userspace mode's are deleted; missing ones of ours inserted at the top (portals) or
-/// appended (NodePorts). Without the kernel's table every jump is written (a dry run).
+/// userspace mode's are deleted, and so are second copies of ours; missing ones of ours are
+/// inserted at the top (portals) or appended (NodePorts). Without the kernel's table every
+/// jump is written.
 fn jump_fixups(table: &str, kernel: Option<&KernelTable>) -> String {
     let mut out = String::new();
     let ours: Vec<String> = render::JUMPS
@@ -348,15 +353,17 @@ fn jump_fixups(table: &str, kernel: Option<&KernelTable>) -> String {
         .map(|j| jump_line(j.1, j.2))
         .collect();
     if let Some(k) = kernel {
+        let mut seen = BTreeSet::new();
         for (chain, line, target) in &k.rules {
             let Some(t) = target else { continue };
             let kube = t.starts_with("KUBE-") && t != "KUBE-FIREWALL" && t != "KUBE-PROXY-CANARY";
-            if matches!(
+            let builtin = matches!(
                 chain.as_str(),
                 "PREROUTING" | "INPUT" | "FORWARD" | "OUTPUT" | "POSTROUTING"
-            ) && kube
-                && !ours.contains(line)
-            {
+            );
+            // `-D` with a rule spec deletes its first copy; a duplicate of ours is deleted
+            // the same way, leaving one.
+            if builtin && kube && (!ours.contains(line) || !seen.insert(line.clone())) {
                 let _ = writeln!(out, "-D{}", &line[2..]);
             }
         }

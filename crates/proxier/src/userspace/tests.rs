@@ -186,3 +186,50 @@ fn cleanup_removes_only_userspace_chains() {
     assert!(!saved.contains("KUBE-"), "{saved}");
     assert!(cleanup(p.runner()).unwrap().is_empty());
 }
+
+/// Partial syncs that change rules write no jumps (the full sync checked them); a full sync
+/// removes duplicated jumps, leaving one of each.
+#[test]
+fn jumps_are_written_once_and_duplicates_removed() {
+    let mut p = proxier();
+    p.sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
+        .unwrap();
+    let other = ServiceBuilder::new("ns/other", "10.96.0.11")
+        .tcp("http", 80)
+        .build();
+    let web = ServiceBuilder::new("ns/web", "10.96.0.10")
+        .tcp("http", 80)
+        .node_port(30080)
+        .build();
+    for n in 0..3 {
+        let mut services = vec![web.clone()];
+        if n % 2 == 0 {
+            services.push(other.clone());
+        }
+        let snap = snapshot(IpFamily::V4, "node-a", services, vec![]);
+        let before = p.runner().restore_count();
+        p.sync(&snap, &Changes::default()).unwrap();
+        assert_eq!(p.runner().restore_count(), before + 1, "the rules changed");
+    }
+    let count = |p: &UserspaceProxier<FakeIptables, FakeRelay>| {
+        let nat = nat(p);
+        let filter = p.runner().save(Some(Table::Filter)).unwrap();
+        (
+            nat.matches("-j KUBE-PORTALS-CONTAINER\n").count(),
+            nat.matches("-j KUBE-NODEPORT-HOST\n").count(),
+            filter.matches("-j KUBE-NODEPORT-NON-LOCAL\n").count(),
+        )
+    };
+    assert_eq!(count(&p), (1, 1, 1));
+    // Duplicates (as an older build left them): a full sync leaves one of each.
+    p.runner()
+        .restore(b"*nat\n-A PREROUTING -m comment --comment \"handle ClusterIPs; NOTE: this must be before the NodePort rules\" -j KUBE-PORTALS-CONTAINER\n-A OUTPUT -m addrtype --dst-type LOCAL -m comment --comment \"handle service NodePorts; NOTE: this must be the last rule in the chain\" -j KUBE-NODEPORT-HOST\nCOMMIT\n")
+        .unwrap();
+    assert_eq!(count(&p), (2, 2, 1));
+    let full = Changes {
+        full_resync_needed: true,
+        ..Changes::default()
+    };
+    p.sync(&web_snapshot(&["10.0.2.5"]), &full).unwrap();
+    assert_eq!(count(&p), (1, 1, 1));
+}

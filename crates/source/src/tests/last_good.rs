@@ -304,3 +304,95 @@ fn object_moved_between_files() {
     assert!(state.files()[&b].contains(&ObjectKey::Service(nn("default", "web"))));
     assert!(state.files()[&a].is_empty());
 }
+
+#[test]
+fn an_emptied_file_keeps_its_objects_for_the_grace_period() {
+    use crate::last_good::EmptiedNotice;
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let a = dir.path().join("a.yaml");
+    let b = dir.path().join("b.yaml");
+    write(
+        &a,
+        &format!("{}---\n{}", svc("web", "10.96.0.10"), slice("10.0.0.1")),
+    );
+    write(&b, &svc("other", "10.96.0.11"));
+    let (state, _) = first(dir.path());
+    let grace = Duration::from_secs(10);
+    let t0 = Instant::now();
+
+    // Truncated (a rewrite in place begins): both objects stay, one notice.
+    write(&a, "");
+    let (s1, errors, notices) = state.merge_at(load_path_detailed(dir.path()), t0, grace);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert!(state.set().diff(s1.set()).is_empty(), "nothing removed yet");
+    assert_eq!(
+        notices,
+        [EmptiedNotice::Kept {
+            file: a.clone(),
+            objects: 2,
+            grace
+        }]
+    );
+    assert!(
+        notices[0].to_string().contains("rename it over"),
+        "{}",
+        notices[0]
+    );
+    assert_eq!(s1.grace_deadline(grace), Some(t0 + grace));
+
+    // Still empty 5 s later: still kept, no second notice.
+    let (s2, _, notices) = s1.merge_at(
+        load_path_detailed(dir.path()),
+        t0 + Duration::from_secs(5),
+        grace,
+    );
+    assert!(state.set().diff(s2.set()).is_empty());
+    assert!(notices.is_empty(), "{notices:?}");
+
+    // The rewrite completes: the file's objects are read normally (an endpoint changed).
+    write(
+        &a,
+        &format!("{}---\n{}", svc("web", "10.96.0.10"), slice("10.0.0.2")),
+    );
+    let (s3, _, notices) = s2.merge_at(
+        load_path_detailed(dir.path()),
+        t0 + Duration::from_secs(6),
+        grace,
+    );
+    assert!(notices.is_empty());
+    assert_eq!(s3.grace_deadline(grace), None);
+    assert_eq!(s2.set().diff(s3.set()).len(), 1, "only the slice changed");
+
+    // Emptied for good (`: > a.yaml`): kept for the grace period, then removed, with a notice.
+    write(&a, "");
+    let t1 = t0 + Duration::from_secs(20);
+    let (s4, _, _) = s3.merge_at(load_path_detailed(dir.path()), t1, grace);
+    assert!(s3.set().diff(s4.set()).is_empty());
+    let (s5, _, notices) = s4.merge_at(load_path_detailed(dir.path()), t1 + grace, grace);
+    assert_eq!(
+        notices,
+        [EmptiedNotice::Removed {
+            file: a.clone(),
+            objects: 2
+        }]
+    );
+    assert_eq!(
+        s4.set().diff(s5.set()).len(),
+        2,
+        "the Service and its slice go"
+    );
+    assert!(
+        s5.set()
+            .contains(&ObjectKey::Service(nn("default", "other")))
+    );
+
+    // Deleting a file removes its objects at once, grace or not.
+    std::fs::remove_file(&b).expect("remove");
+    let (s6, _, notices) = s5.merge_at(load_path_detailed(dir.path()), t1 + grace, grace);
+    assert!(notices.is_empty());
+    assert!(
+        !s6.set()
+            .contains(&ObjectKey::Service(nn("default", "other")))
+    );
+}

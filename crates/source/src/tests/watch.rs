@@ -14,7 +14,7 @@ use tokio::time::{Instant, timeout};
 use super::{service_yaml, slice_yaml};
 use crate::SourceError;
 use crate::manifests::ManifestSet;
-use crate::watch::watch_manifests;
+use crate::watch::{WatchOptions, watch_manifests, watch_manifests_with};
 
 /// Service `default/web` (ClusterIP 10.96.0.10, port 80) and its slice with `endpoints`.
 fn cluster(endpoints: &[&str]) -> String {
@@ -49,10 +49,15 @@ struct Watched {
 impl Watched {
     /// Starts watching `path` and applies the initial batch.
     async fn start(path: PathBuf) -> Watched {
+        Self::start_with(path, WatchOptions::default()).await
+    }
+
+    /// [`Watched::start`] with `opts`.
+    async fn start_with(path: PathBuf, opts: WatchOptions) -> Watched {
         let errors = Arc::new(Mutex::new(Vec::<String>::new()));
         let sink = Arc::clone(&errors);
         let (tx, rx) = mpsc::channel(16);
-        let task = tokio::spawn(watch_manifests(path, tx, move |e| {
+        let task = tokio::spawn(watch_manifests_with(path, opts, tx, move |e| {
             sink.lock().expect("lock").push(e.to_string());
         }));
         let mut watched = Watched {
@@ -510,5 +515,56 @@ async fn initial_batch_skips_invalid_objects() {
         "{errors:?}"
     );
     drop(errors);
+    w.stop().await;
+}
+
+/// A file rewritten in place (`(sleep 1.5; cat good.yaml) > file`: truncated, then written
+/// later) keeps its Service the whole time; one emptied for good (`: > file`) loses it after
+/// the grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_rewritten_in_place_keeps_its_objects() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("cluster.yaml");
+    write(&file, &cluster(&["10.0.0.1"]));
+    let grace = Duration::from_secs(2);
+    let mut w = Watched::start_with(file.clone(), WatchOptions { grace }).await;
+    write(&file, "");
+    w.quiet(Duration::from_millis(1500)).await;
+    assert!(has_web(&w.live));
+    write(&file, &cluster(&["10.0.0.2"]));
+    let batch = w.next(SECOND).await;
+    assert_eq!(batch.len(), 1, "only the slice changed: {batch:#?}");
+    assert_eq!(endpoints(&w.live), Some(vec!["10.0.0.2".to_string()]));
+
+    write(&file, "");
+    w.quiet(Duration::from_millis(1500)).await;
+    assert!(has_web(&w.live), "kept during the grace period");
+    w.until(Duration::from_secs(3), |s| !has_web(s)).await;
+    assert!(w.live.slices.is_empty());
+    w.stop().await;
+}
+
+/// A file still being written (its modification time keeps moving) is read once it has been
+/// quiet for a moment, not half written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_being_written_is_read_when_it_is_stable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("cluster.yaml");
+    write(&file, &cluster(&["10.0.0.1"]));
+    let mut w = Watched::start(file.clone()).await;
+    // The Service alone first (no slice yet), then, 150 ms later, the whole file: a reload in
+    // between would remove the slice.
+    let whole = cluster(&["10.0.0.2"]);
+    let head = whole.split("---").next().unwrap().to_string();
+    write(&file, &head);
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    write(&file, &whole);
+    let batch = w.next(Duration::from_secs(2)).await;
+    assert_eq!(
+        batch.len(),
+        1,
+        "one change, the slice's endpoint: {batch:#?}"
+    );
+    assert_eq!(endpoints(&w.live), Some(vec!["10.0.0.2".to_string()]));
     w.stop().await;
 }
