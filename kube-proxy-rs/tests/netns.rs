@@ -1401,3 +1401,63 @@ fn wait_for_text_within(path: &std::path::Path, needle: &str, limit: Duration) -
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// A manifest rewritten in place (`(sleep 1.5; cat good.yaml) > dir/80-probe.yaml`: the shell
+/// truncates the file at once and writes it 1.5 s later) takes no Service down: every
+/// request during the rewrite is answered, and the log says why. A file emptied for good
+/// (`: > file`) loses its Service after `--manifest-grace-period`.
+#[test]
+fn a_manifest_rewritten_in_place_keeps_its_service() {
+    if !require_root() {
+        return;
+    }
+    let (topology, _servers) = seed_topology();
+    let node = topology.node();
+    let dir = tempdir();
+    let manifests = dir.path().join("m");
+    std::fs::create_dir(&manifests).unwrap();
+    write(&manifests, "10-seed.yaml", SEED_CLUSTER);
+    let probe = write(&manifests, "80-probe.yaml", SEED_EXTRA_SERVICES);
+    let mut args = vec![
+        "--manifests",
+        manifests.to_str().unwrap(),
+        "--manifest-grace-period=3s",
+    ];
+    args.extend(NODE_ARGS);
+    let mut proxy = Daemon::start(Mode::Iptables, node, dir.path(), &args, None);
+    proxy.wait_nat_rules_contain(node, "default/web");
+    let web: SocketAddr = "10.96.0.80:80".parse().unwrap();
+    let writer = {
+        let probe = probe.clone();
+        std::thread::spawn(move || {
+            let mut f = std::fs::File::create(&probe).unwrap();
+            std::thread::sleep(Duration::from_millis(1500));
+            use std::io::Write as _;
+            f.write_all(SEED_EXTRA_SERVICES.as_bytes()).unwrap();
+        })
+    };
+    // One request every 100 ms over 2.5 s: before, during and after the rewrite.
+    let results: Vec<_> = (0..25)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(100));
+            http_get(topology.client(), web, Duration::from_secs(2))
+        })
+        .collect();
+    writer.join().unwrap();
+    let c = counts(results);
+    assert_eq!(
+        answered(&c, "be0") + answered(&c, "be1"),
+        25,
+        "every request during the rewrite is answered: {c:?}\n{}",
+        proxy.log()
+    );
+    assert!(proxy.log().contains("keeping its"), "{}", proxy.log());
+    // Emptied for good: the Service goes after the grace period.
+    std::fs::write(&probe, "").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(Mode::Iptables.nat_rules(node).contains("default/web"));
+    proxy.wait_until("the emptied file's Service was removed after the grace period", || {
+        !Mode::Iptables.nat_rules(node).contains("default/web")
+    });
+    assert!(proxy.log().contains("after the grace period"), "{}", proxy.log());
+}
