@@ -256,6 +256,12 @@ pub struct ProxyArgs {
     #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub manifest_grace_period: Duration,
 
+    /// With --manifests: where each manifest file's last good version is kept, so a restart
+    /// with a broken file still serves what it last defined (the error names the copy and
+    /// its Services); empty: nowhere. Not written by --dry-run.
+    #[arg(long, default_value = kp_source::state_dir::DEFAULT_STATE_DIR, value_name = "DIR")]
+    pub state_dir: PathBuf,
+
     /// The pod CIDR(s) of the cluster, comma-separated (one per family): traffic from
     /// outside them to a ClusterIP is masqueraded.
     #[arg(long, value_name = "CIDR[,CIDR]", value_delimiter = ',')]

@@ -566,15 +566,22 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         let skipped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = skipped.clone();
         let mut source: tokio::task::JoinHandle<anyhow::Result<()>> = match args.manifests.clone() {
-            Some(path) => tokio::spawn(async move {
-                let opts = kp_source::watch::WatchOptions { grace: args.manifest_grace_period };
+            Some(path) => {
+                let state_dir = (!args.dry_run && !args.state_dir.as_os_str().is_empty())
+                    .then(|| Arc::new(kp_source::state_dir::StateDir::new(args.state_dir.clone())));
+                let opts = kp_source::watch::WatchOptions {
+                    grace: args.manifest_grace_period,
+                    state_dir,
+                };
+                tokio::spawn(async move {
                 kp_source::watch::watch_manifests_with(path, opts, tx, move |e| {
                     counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     error!("{e}")
                 })
                 .await
                 .map_err(|e| anyhow!(e).context("manifest source"))
-            }),
+                })
+            }
             None => {
                 let client = kp_source::api::client(args.kubeconfig.clone(), args.master.clone())
                     .await

@@ -690,6 +690,8 @@ impl Sandbox<'_> {
             // global to the host, and the proxy runs with the sandbox's own OOM score.
             .arg("--conntrack-max-per-core=0")
             .arg("--oom-score-adj=0")
+            // Nor the node's state directory: the sandbox's manifests are its own.
+            .arg("--state-dir=")
             .stdout(log_file.try_clone().context("proxy log")?)
             .stderr(log_file);
         let started = Instant::now();

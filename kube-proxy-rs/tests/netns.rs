@@ -1456,8 +1456,59 @@ fn a_manifest_rewritten_in_place_keeps_its_service() {
     std::fs::write(&probe, "").unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     assert!(Mode::Iptables.nat_rules(node).contains("default/web"));
-    proxy.wait_until("the emptied file's Service was removed after the grace period", || {
-        !Mode::Iptables.nat_rules(node).contains("default/web")
+    proxy.wait_until(
+        "the emptied file's Service was removed after the grace period",
+        || !Mode::Iptables.nat_rules(node).contains("default/web"),
+    );
+    assert!(
+        proxy.log().contains("after the grace period"),
+        "{}",
+        proxy.log()
+    );
+}
+
+/// A file broken while the daemon runs keeps its Service, and still does after a restart:
+/// the restarted daemon serves it from the file's last good copy in `--state-dir`, and the
+/// error names the file, the copy and the Service.
+#[test]
+fn a_broken_manifest_is_served_from_its_last_good_copy_after_a_restart() {
+    if !require_root() {
+        return;
+    }
+    let (topology, _servers) = seed_topology();
+    let node = topology.node();
+    let dir = tempdir();
+    let manifests = dir.path().join("m");
+    std::fs::create_dir(&manifests).unwrap();
+    write(&manifests, "10-seed.yaml", SEED_CLUSTER);
+    let probe = write(&manifests, "80-probe.yaml", SEED_EXTRA_SERVICES);
+    let state = format!("--state-dir={}", dir.path().join("state").display());
+    let mut args = vec!["--manifests", manifests.to_str().unwrap(), state.as_str()];
+    args.extend(NODE_ARGS);
+    let web: SocketAddr = "10.96.0.80:80".parse().unwrap();
+    let mut proxy = Daemon::start(Mode::Iptables, node, dir.path(), &args, None);
+    proxy.wait_nat_rules_contain(node, "default/web");
+    std::fs::write(&probe, "kind: Service\nthis: is: not: yaml\n").unwrap();
+    proxy.wait_until("the broken file was reported", || {
+        proxy_log(dir.path()).contains("80-probe.yaml")
     });
-    assert!(proxy.log().contains("after the grace period"), "{}", proxy.log());
+    drop(proxy);
+    // A fresh node namespace has no rules: the restarted daemon's are all it has.
+    node.run("iptables", ["-t", "nat", "-F"]).unwrap();
+    let mut proxy = Daemon::start(Mode::Iptables, node, dir.path(), &args, None);
+    proxy.wait_nat_rules_contain(node, "default/web");
+    assert!(http_get(topology.client(), web, Duration::from_secs(2)).is_ok());
+    let log = proxy.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("80-probe.yaml") && l.contains("last good copy"))
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        line.contains("(Services: default/empty, default/web)"),
+        "the error names the Services served from the copy: {line}"
+    );
+}
+
+fn proxy_log(dir: &std::path::Path) -> String {
+    std::fs::read_to_string(dir.join("proxy.log")).unwrap_or_default()
 }

@@ -26,8 +26,13 @@
 //!   deletes the objects it defined; removing an object from a file that still parses deletes
 //!   it; so does giving it a kind or `apiVersion` kube-proxy-rs does not read, or a
 //!   `service.kubernetes.io/service-proxy-name` label.
-//! - **The first load has no last good state**: invalid objects are skipped, and broken files
-//!   contribute what they can.
+//! - **A file rewritten in place keeps its objects for a grace period.** A file that is still
+//!   there but became empty, or lost every object it had (`kubectl get -o yaml > file`
+//!   truncates first), keeps them for the grace period of [`LastGood::merge_at`], with a
+//!   warning; if it is still so afterwards, they go.
+//! - **The first load has no last good state** in memory: invalid objects are skipped, and
+//!   broken files contribute what they can, completed from their last good copy on disk when
+//!   the watcher has a state directory ([`crate::state_dir`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

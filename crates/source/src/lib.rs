@@ -14,6 +14,8 @@
 //! - [`last_good`]: the state a watcher keeps between loads, so that a bad edit (an invalid
 //!   object, a file that does not parse, the path disappearing) keeps the last good objects
 //!   instead of deleting live Services.
+//! - [`state_dir`]: each file's last good version on disk, so a restart with a broken file
+//!   still serves what it last defined.
 //! - [`watch`]: the task that loads a path, sends the initial events, then watches the path
 //!   (inotify) and sends the differences whenever it changes.
 //! - [`api`]: the API-server source: list/watch of Services, EndpointSlices and this node's
@@ -24,6 +26,7 @@ pub mod api;
 pub mod convert;
 pub mod last_good;
 pub mod manifests;
+pub mod state_dir;
 pub mod watch;
 
 mod error;

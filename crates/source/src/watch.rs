@@ -55,6 +55,7 @@ use tracing::{debug, warn};
 use crate::SourceError;
 use crate::last_good::LastGood;
 use crate::manifests::{Loaded, ManifestError, load_path_detailed};
+use crate::state_dir::StateDir;
 
 /// How long the path must be quiet after a change before it is reloaded, so that an editor's
 /// burst of writes (or a ConfigMap's symlink swap) is read once, complete.
@@ -80,17 +81,21 @@ pub const MAX_STABLE_WAIT: Duration = Duration::from_secs(3);
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
 /// Settings of [`watch_manifests_with`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct WatchOptions {
     /// How long a file that is still there but became empty, or lost every object it had,
     /// keeps its objects (a file rewritten in place is empty for a moment); zero: no grace.
     pub grace: Duration,
+    /// Where each file's last good version is kept ([`StateDir`]); `None`: nowhere.
+    pub state_dir: Option<std::sync::Arc<StateDir>>,
 }
 
-impl Default for WatchOptions {
-    fn default() -> Self {
+impl WatchOptions {
+    /// The default grace period ([`DEFAULT_GRACE`]) and no state directory.
+    pub fn new() -> WatchOptions {
         WatchOptions {
             grace: DEFAULT_GRACE,
+            state_dir: None,
         }
     }
 }
@@ -116,7 +121,7 @@ pub async fn watch_manifests(
     tx: mpsc::Sender<Vec<SourceEvent>>,
     errors: impl Fn(&ManifestError) + Send + 'static,
 ) -> Result<(), SourceError> {
-    watch_manifests_with(path, WatchOptions::default(), tx, errors).await
+    watch_manifests_with(path, WatchOptions::new(), tx, errors).await
 }
 
 /// [`watch_manifests`] with `opts`: a reload waits (up to [`MAX_STABLE_WAIT`]) until no file
@@ -170,7 +175,12 @@ pub async fn watch_manifests_with(
             source,
         })?;
 
-    let (mut state, errs) = LastGood::first(load_and_watch(&path, &mut watches).await);
+    let mut loaded = load_and_watch(&path, &mut watches).await;
+    if let Some(sd) = &opts.state_dir {
+        sd.save_good(&loaded);
+        sd.restore(&mut loaded);
+    }
+    let (mut state, errs) = LastGood::first(loaded);
     for e in &errs {
         errors(e);
     }
@@ -207,6 +217,9 @@ pub async fn watch_manifests_with(
             tokio::time::sleep(wait + Duration::from_millis(10)).await;
             while notify_rx.try_recv().is_ok() {}
             loaded = load_and_watch(&path, &mut watches).await;
+        }
+        if let Some(sd) = &opts.state_dir {
+            sd.save_good(&loaded);
         }
         let (next, errs, notices) = state.merge_at(loaded, Instant::now().into_std(), opts.grace);
         for n in &notices {

@@ -256,7 +256,12 @@ impl Daemon {
         let log = dir.join("proxy.log");
         let file = std::fs::File::create(&log).unwrap();
         let mut cmd = ns.command(BIN);
-        cmd.args(mode.args(args))
+        let state = format!("--state-dir={}", dir.join("state").display());
+        let mut args = args.to_vec();
+        if !args.iter().any(|a| a.starts_with("--state-dir")) && !args.contains(&"sandbox") {
+            args.push(&state);
+        }
+        cmd.args(mode.args(&args))
             .stdin(Stdio::null())
             .stdout(file.try_clone().unwrap())
             .stderr(file);

@@ -49,7 +49,7 @@ struct Watched {
 impl Watched {
     /// Starts watching `path` and applies the initial batch.
     async fn start(path: PathBuf) -> Watched {
-        Self::start_with(path, WatchOptions::default()).await
+        Self::start_with(path, WatchOptions::new()).await
     }
 
     /// [`Watched::start`] with `opts`.
@@ -527,7 +527,14 @@ async fn a_file_rewritten_in_place_keeps_its_objects() {
     let file = dir.path().join("cluster.yaml");
     write(&file, &cluster(&["10.0.0.1"]));
     let grace = Duration::from_secs(2);
-    let mut w = Watched::start_with(file.clone(), WatchOptions { grace }).await;
+    let mut w = Watched::start_with(
+        file.clone(),
+        WatchOptions {
+            grace,
+            state_dir: None,
+        },
+    )
+    .await;
     write(&file, "");
     w.quiet(Duration::from_millis(1500)).await;
     assert!(has_web(&w.live));
