@@ -109,13 +109,20 @@ impl Admin {
 pub struct Observer {
     admin: Admin,
     primary: bool,
+    /// When the proxy started: trigger times before it are not observed (upstream ignores
+    /// changes from before its tracker started, e.g. the initial list).
+    started: SystemTime,
 }
 
 impl Observer {
     /// An observer reporting to `admin`; `primary` for the family that drives the
     /// health-check servers.
     pub fn new(admin: Admin, primary: bool) -> Self {
-        Observer { admin, primary }
+        Observer {
+            admin,
+            primary,
+            started: SystemTime::now(),
+        }
     }
 }
 
@@ -220,7 +227,7 @@ impl SyncObserver for Observer {
         m.no_local_endpoints(family, TrafficPolicy::External, external);
         for t in &changes.trigger_times {
             match humantime::parse_rfc3339_weak(t) {
-                Ok(when) if when <= SystemTime::now() => m.network_programming_since(family, when),
+                Ok(when) if when >= self.started => m.network_programming_since(family, when),
                 Ok(_) => {}
                 Err(e) => {
                     warn!("ignoring endpoints.kubernetes.io/last-change-trigger-time {t:?}: {e}")

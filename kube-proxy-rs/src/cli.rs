@@ -260,7 +260,7 @@ pub struct ProxyArgs {
     /// with a broken file still serves what it last defined (the error names the copy and
     /// its Services); empty: nowhere. Not written by --dry-run.
     #[arg(long, default_value = kp_source::state_dir::DEFAULT_STATE_DIR, value_name = "DIR")]
-    pub state_dir: PathBuf,
+    pub state_dir: String,
 
     /// The pod CIDR(s) of the cluster, comma-separated (one per family): traffic from
     /// outside them to a ClusterIP is masqueraded.

@@ -208,3 +208,139 @@ fn api_source_programs_survives_outages_and_relists() {
     )
     .unwrap_or_else(|_| panic!("the deleted Service's chains remain\n{}", read_log()));
 }
+
+/// An EndpointSlice carrying `endpoints.kubernetes.io/last-change-trigger-time` `when`
+/// (RFC 3339), a second slice of the seed's `nginx-svc`.
+fn triggered_slice(name: &str, when: &str, ip: &str) -> String {
+    format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: {name}\n  namespace: default\n  labels: {{kubernetes.io/service-name: nginx-svc}}\n  annotations: {{endpoints.kubernetes.io/last-change-trigger-time: \"{when}\"}}\naddressType: IPv4\nendpoints:\n- addresses: [{ip}]\n  nodeName: k8s-worker\nports: [{{name: \"\", port: 80, protocol: TCP}}]\n"
+    )
+}
+
+/// `kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}` in `metrics`.
+fn programming_samples(metrics: &str) -> Option<u64> {
+    metrics
+        .lines()
+        .find(|l| {
+            l.starts_with(
+                "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"}",
+            )
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_nanos(t).to_string()
+}
+
+/// Upstream's network-programming SLI: a slice changed after the proxy started with a
+/// trigger time gives one sample of `kubeproxy_network_programming_duration_seconds`; one
+/// from before the start (here: in the initial list) gives none. Both sources: the API
+/// server and a manifest directory.
+#[test]
+fn network_programming_latency_is_observed_for_slices_changed_after_start() {
+    if !require_root() {
+        return;
+    }
+    let old = rfc3339(std::time::SystemTime::now() - Duration::from_secs(3600));
+    let get = |ns: &Netns| -> String {
+        ns.run(
+            "curl",
+            ["-s", "--max-time", "5", "http://127.0.0.1:10249/metrics"],
+        )
+        .unwrap_or_default()
+    };
+    // The API server.
+    let ns = Netns::new("nplapi").unwrap();
+    let (api, _stop) = api_server_in(&ns);
+    for object in seed_objects() {
+        api.upsert_value(object).unwrap();
+    }
+    api.upsert_value(serde_saphyr::from_str(&triggered_slice("early", &old, "10.0.1.7")).unwrap())
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(dir.path().join("proxy.log")).unwrap();
+    let mut cmd = ns.command(BIN);
+    cmd.args([
+        "--master",
+        &api.url(),
+        "--hostname-override=k8s-master",
+        "--cluster-cidr=10.0.0.0/16",
+        "-v=2",
+        "--healthz-bind-address=",
+        "--metrics-bind-address=127.0.0.1:10249",
+        "--iptables-min-sync-period=100ms",
+    ])
+    .stdin(Stdio::null())
+    .stdout(log.try_clone().unwrap())
+    .stderr(log);
+    let mut proxy = ChildGuard::spawn(&mut cmd, "kube-proxy-rs").unwrap();
+    proxy
+        .wait_for(|| nat(&ns).contains("10.0.1.7"), Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(
+        programming_samples(&get(&ns)).unwrap_or(0),
+        0,
+        "{}",
+        get(&ns)
+    );
+    let now = rfc3339(std::time::SystemTime::now());
+    api.upsert_value(serde_saphyr::from_str(&triggered_slice("late", &now, "10.0.1.8")).unwrap())
+        .unwrap();
+    proxy
+        .wait_for(
+            || programming_samples(&get(&ns)) == Some(1),
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n{}",
+                std::fs::read_to_string(dir.path().join("proxy.log")).unwrap_or_default()
+            )
+        });
+    drop(proxy);
+
+    // A manifest directory.
+    let ns = Netns::new("nplman").unwrap();
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap();
+    std::fs::write(m.join("seed.yaml"), SEED_CLUSTER).unwrap();
+    std::fs::write(
+        m.join("early.yaml"),
+        triggered_slice("early", &old, "10.0.1.7"),
+    )
+    .unwrap();
+    let log = std::fs::File::create(dir.path().join("proxy2.log")).unwrap();
+    let mut cmd = ns.command(BIN);
+    cmd.args([
+        "--manifests",
+        m.to_str().unwrap(),
+        "--state-dir=",
+        "--hostname-override=k8s-master",
+        "--cluster-cidr=10.0.0.0/16",
+        "--healthz-bind-address=",
+        "--metrics-bind-address=127.0.0.1:10249",
+        "--iptables-min-sync-period=100ms",
+    ])
+    .stdin(Stdio::null())
+    .stdout(log.try_clone().unwrap())
+    .stderr(log);
+    let mut proxy = ChildGuard::spawn(&mut cmd, "kube-proxy-rs").unwrap();
+    proxy
+        .wait_for(|| nat(&ns).contains("10.0.1.7"), Duration::from_secs(30))
+        .unwrap();
+    assert_eq!(programming_samples(&get(&ns)).unwrap_or(0), 0);
+    let now = rfc3339(std::time::SystemTime::now());
+    std::fs::write(
+        m.join("late.yaml"),
+        triggered_slice("late", &now, "10.0.1.8"),
+    )
+    .unwrap();
+    proxy
+        .wait_for(
+            || programming_samples(&get(&ns)) == Some(1),
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", get(&ns)));
+}

@@ -222,6 +222,17 @@ impl Tracker {
                 self.slices_changed(owner.clone());
             }
         }
+        // Upstream's network-programming latency: one sample per changed slice of this
+        // family that carries a trigger time.
+        if let Some(t) = &slice.last_change_trigger_time
+            && matches!(
+                (slice.address_type, self.family),
+                (kp_model::SliceAddressType::V4, IpFamily::V4)
+                    | (kp_model::SliceAddressType::V6, IpFamily::V6)
+            )
+        {
+            self.trigger_times.push(t.clone());
+        }
         self.interner.endpoint_slice(&mut slice);
         // Share the Service's name with the Service object when it is known.
         if let Some((name, _)) = self.services.get_key_value(&slice.service) {

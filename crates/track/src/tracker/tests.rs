@@ -425,3 +425,31 @@ proptest! {
         }
     }
 }
+
+/// Upstream's network-programming latency: each changed slice of the tracker's family with a
+/// `last-change-trigger-time` gives one trigger time at the next checkout; a no-op update and
+/// a slice of the other family give none.
+#[test]
+fn changed_slices_report_their_trigger_times() {
+    let mut t = Tracker::new(IpFamily::V4, "node-a");
+    t.apply(SourceEvent::ServiceUpsert(svc(
+        "web",
+        "10.96.0.10",
+        &[("", 80)],
+    )));
+    let mut s = slice("web-1", "web", &[("", 80)], &[("10.0.1.4", "node-a")]);
+    s.last_change_trigger_time = Some("2026-12-02T01:00:00Z".into());
+    t.apply(SourceEvent::SliceUpsert(s.clone()));
+    synced(&mut t);
+    let (_, changes) = t.checkout();
+    assert_eq!(changes.trigger_times, ["2026-12-02T01:00:00Z"]);
+    t.apply(SourceEvent::SliceUpsert(s.clone()));
+    let (_, changes) = t.checkout();
+    assert!(changes.trigger_times.is_empty(), "a no-op update");
+    let mut v6 = s.clone();
+    v6.name = NamespacedName::new("default", "web-6");
+    v6.address_type = SliceAddressType::V6;
+    t.apply(SourceEvent::SliceUpsert(v6));
+    let (_, changes) = t.checkout();
+    assert!(changes.trigger_times.is_empty(), "another family's slice");
+}
