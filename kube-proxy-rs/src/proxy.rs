@@ -692,7 +692,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     Box::new(crate::userspace_mode::LiveRelay { relay })
                 };
                 let ipt: Box<dyn Iptables> = if args.dry_run {
-                    Box::new(PrintingIptables { fake: FakeIptables::new(version), sink })
+                    Box::new(PrintingIptables::on_this_node(version, backend, sink))
                 } else {
                     Box::new(ExecIptables::new(version, backend))
                 };
@@ -704,7 +704,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             if ipvs_mode {
                 let ipt = |sink: Arc<std::sync::Mutex<String>>| -> Box<dyn Iptables> {
                     if args.dry_run {
-                        Box::new(PrintingIptables { fake: FakeIptables::new(version), sink })
+                        Box::new(PrintingIptables::on_this_node(version, backend, sink))
                     } else {
                         Box::new(ExecIptables::new(version, backend))
                     }
@@ -745,10 +745,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             }
             match (nft_mode, args.dry_run) {
                 (false, true) => {
-                    let ipt = PrintingIptables {
-                        fake: FakeIptables::new(version),
-                        sink,
-                    };
+                    let ipt = PrintingIptables::on_this_node(version, backend, sink);
                     let proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?
                         .with_zero_counters_on_full_sync(args.iptables_zero_counters_on_full_sync);
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
@@ -894,6 +891,19 @@ type Sink = Arc<std::sync::Mutex<String>>;
 
 /// The runner of `--dry-run`: applies each payload to a checking fake (so an invalid payload
 /// still fails) and keeps it for printing instead of touching the kernel.
+impl PrintingIptables {
+    /// A dry run's iptables: it checks payloads like the kernel and reports this node's
+    /// iptables version (when iptables is installed), so what it prints is what the daemon
+    /// would write here (e.g. `MASQUERADE --random-fully` only where iptables has it).
+    fn on_this_node(version: IpVersion, backend: Backend, sink: Sink) -> PrintingIptables {
+        let fake = match ExecIptables::new(version, backend).version() {
+            Ok(v) => FakeIptables::new(version).with_version(v),
+            Err(_) => FakeIptables::new(version),
+        };
+        PrintingIptables { fake, sink }
+    }
+}
+
 struct PrintingIptables {
     fake: FakeIptables,
     sink: Arc<std::sync::Mutex<String>>,

@@ -297,3 +297,44 @@ fn cleanup_has_no_dry_run_and_ipvs_settings_are_checked_in_ipvs_mode_only() {
         assert!(err.contains(flag), "{err}");
     }
 }
+
+/// `--dry-run` prints what the daemon would write on this node: `MASQUERADE --random-fully`
+/// only where iptables has it (1.6.2 and later), as the daemon checks.
+#[test]
+fn dry_run_checks_this_nodes_iptables_for_random_fully() {
+    let fakes = tempfile::tempdir().unwrap();
+    let script = fakes.path().join("iptables");
+    std::fs::write(&script, "#!/bin/sh\necho 'iptables v1.6.1'\n").unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let dry = |path: Option<&std::path::Path>| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["--manifests", SEED, "--dry-run"]).args(NODE_ARGS);
+        if let Some(p) = path {
+            let orig = std::env::var("PATH").unwrap_or_default();
+            cmd.env("PATH", format!("{}:{orig}", p.display()));
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.split("# IPv6").next().unwrap().to_string()
+    };
+    let old = dry(Some(fakes.path()));
+    assert!(old.contains("-j MASQUERADE"), "{old}");
+    assert!(
+        !old.contains("--random-fully"),
+        "iptables 1.6.1 has no --random-fully:\n{old}"
+    );
+    if Command::new("iptables")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        let here = dry(None);
+        assert!(here.contains("-j MASQUERADE --random-fully"), "{here}");
+    }
+}
