@@ -34,7 +34,8 @@
 //! from a watched directory, or an object from a file that still parses, deletes.
 //!
 //! Errors are passed on once: an error that the previous reload also found is not passed
-//! again; fixed and broken again, it is.
+//! again; fixed and broken again, it is. Warnings (an address with leading zeros, read as
+//! upstream reads it; see [`crate::convert`]) are logged (`WARN`) the same way, once.
 //!
 //! The `notify` library logs `unable to remove watch descriptor from inotify: ... Invalid
 //! argument` (at INFO, target `notify::inotify`) when a watched directory is deleted: the
@@ -54,7 +55,7 @@ use tracing::{debug, warn};
 
 use crate::SourceError;
 use crate::last_good::LastGood;
-use crate::manifests::{Loaded, ManifestError, load_path_detailed};
+use crate::manifests::{Loaded, ManifestError, ManifestWarning, load_path_detailed};
 
 /// How long the path must be quiet after a change before it is reloaded, so that an editor's
 /// burst of writes (or a ConfigMap's symlink swap) is read once, complete.
@@ -131,7 +132,9 @@ pub async fn watch_manifests(
             source,
         })?;
 
-    let (mut state, errs) = LastGood::first(load_and_watch(&path, &mut watches).await);
+    let mut loaded = load_and_watch(&path, &mut watches).await;
+    let mut warned = log_warnings(std::mem::take(&mut loaded.warnings), &HashSet::new());
+    let (mut state, errs) = LastGood::first(loaded);
     for e in &errs {
         errors(e);
     }
@@ -158,7 +161,8 @@ pub async fn watch_manifests(
             }
             _ = resync.tick() => {}
         }
-        let loaded = load_and_watch(&path, &mut watches).await;
+        let mut loaded = load_and_watch(&path, &mut watches).await;
+        warned = log_warnings(std::mem::take(&mut loaded.warnings), &warned);
         let (next, errs) = state.merge(loaded);
         let fresh: HashSet<ManifestError> = errs.into_iter().collect();
         let mut new_errors: Vec<&ManifestError> = fresh.difference(&reported).collect();
@@ -177,6 +181,17 @@ pub async fn watch_manifests(
             return Ok(());
         }
     }
+}
+
+/// Logs the warnings of a load that the previous load did not have; returns this load's.
+fn log_warnings(
+    warnings: Vec<ManifestWarning>,
+    previous: &HashSet<ManifestWarning>,
+) -> HashSet<ManifestWarning> {
+    for w in warnings.iter().filter(|w| !previous.contains(*w)) {
+        warn!("{w}");
+    }
+    warnings.into_iter().collect()
 }
 
 /// Waits until no change has been seen for [`DEBOUNCE`], or [`MAX_DEBOUNCE`] has passed.
