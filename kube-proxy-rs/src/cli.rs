@@ -737,7 +737,7 @@ mod tests {
         assert_eq!(p.verbosity, 4);
         assert_eq!(p.iptables_masquerade_bit, 14);
         assert!(Cli::try_parse_from(["kube-proxy-rs", "--iptables-masquerade-bit=32"]).is_err());
-        assert!(Cli::try_parse_from(["kube-proxy-rs", "--proxy-mode=userspace"]).is_err());
+        assert!(Cli::try_parse_from(["kube-proxy-rs", "--proxy-mode=kernelspace"]).is_err());
         let cli = Cli::try_parse_from(["kube-proxy-rs", "--proxy-mode=nftables"]).unwrap();
         assert_eq!(cli.proxy.proxy_mode, ProxyModeArg::Nftables);
         let cli =

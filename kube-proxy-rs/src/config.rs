@@ -514,6 +514,7 @@ impl KubeProxyConfiguration {
                 bail!("clusterCIDR: entry {i} {c:?} is not a CIDR");
             }
         }
+        crate::proxy::cluster_cidrs("clusterCIDR", self.cluster_cidr.split(','))?;
         if let Some(v) = self.oom_score_adj
             && !(-1000..=1000).contains(&v)
         {

@@ -58,7 +58,14 @@ fn main() -> ExitCode {
     }
     compat::apply_deprecated_ports(&mut cli.proxy);
     if cli.command.is_none()
-        && let Err(e) = compat::check_bind_addresses(&cli.proxy)
+        && let Err(e) = compat::check_bind_addresses(&cli.proxy).and_then(|()| {
+            // As upstream's validation: before anything else, --write-config-to included.
+            proxy::cluster_cidrs(
+                "--cluster-cidr",
+                cli.proxy.cluster_cidr.iter().map(String::as_str),
+            )
+            .map(drop)
+        })
     {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;

@@ -53,20 +53,47 @@ fn interface_name(flag: &str, value: Option<&str>, max: usize) -> anyhow::Result
     Ok(v.to_string())
 }
 
+/// Parses the cluster CIDRs (`--cluster-cidr`, or `clusterCIDR` in a `--config` file, named
+/// by `name` in errors): empty entries are skipped; at most one CIDR per IP family, as
+/// upstream's validation requires (one IPv4 and one IPv6 CIDR for a dual-stack cluster). A
+/// second CIDR of a family would otherwise be ignored, and traffic from its pods masqueraded.
+///
+/// # Errors
+/// An entry that is not a CIDR, or two of the same family, naming `name` and the entries.
+pub(crate) fn cluster_cidrs<'a>(
+    name: &str,
+    entries: impl IntoIterator<Item = &'a str>,
+) -> anyhow::Result<Vec<IpNet>> {
+    let mut cidrs: Vec<(IpNet, &str)> = Vec::new();
+    for c in entries.into_iter().map(str::trim).filter(|c| !c.is_empty()) {
+        let net: IpNet = c
+            .parse()
+            .map_err(|_| anyhow!("{name}: {c:?} is not a CIDR"))?;
+        if let Some((_, first)) = cidrs
+            .iter()
+            .find(|(other, _)| other.addr().is_ipv4() == net.addr().is_ipv4())
+        {
+            let family = if net.addr().is_ipv4() { "IPv4" } else { "IPv6" };
+            bail!(
+                "{name}: {first:?} and {c:?} are both {family}; give at most one CIDR per IP \
+                 family (one IPv4 and one IPv6 CIDR for a dual-stack cluster)"
+            );
+        }
+        cidrs.push((net.trunc(), c));
+    }
+    Ok(cidrs.into_iter().map(|(net, _)| net).collect())
+}
+
 /// `--detect-local-mode` with `--cluster-cidr`, `--pod-bridge-interface` or
 /// `--pod-interface-name-prefix`.
 ///
 /// # Errors
 /// A message naming the flag whose value is invalid.
 fn local_detector(args: &ProxyArgs) -> anyhow::Result<LocalDetector> {
-    let mut cidrs = Vec::new();
-    for c in args.cluster_cidr.iter().filter(|c| !c.trim().is_empty()) {
-        let net: IpNet = c
-            .trim()
-            .parse()
-            .map_err(|_| anyhow!("--cluster-cidr: {c:?} is not a CIDR"))?;
-        cidrs.push(net.trunc());
-    }
+    let cidrs = cluster_cidrs(
+        "--cluster-cidr",
+        args.cluster_cidr.iter().map(String::as_str),
+    )?;
     let mode = args
         .detect_local_mode
         .unwrap_or(DetectLocalModeArg::ClusterCidr);

@@ -154,3 +154,152 @@ fn kubeadms_generated_config_checks_with_dry_run() {
         assert!(text.lines().any(|l| l == line), "{line:?} in\n{text}");
     }
 }
+
+/// Upstream's validation allows one cluster CIDR per IP family; a second IPv4 CIDR used to be
+/// ignored (its pods' traffic masqueraded). Refused at start, before any rule is printed or
+/// written, on the command line and in a `--config` file; one IPv4 plus one IPv6 is fine.
+#[test]
+fn more_than_one_cluster_cidr_per_family_is_refused() {
+    for args in [
+        vec!["--cluster-cidr=10.0.0.0/16,10.1.0.0/16"],
+        vec![
+            "--cluster-cidr",
+            "10.0.0.0/16",
+            "--cluster-cidr",
+            "10.1.0.0/16",
+        ],
+        vec!["--cluster-cidr=fd00:1::/64,10.0.0.0/16,fd00:2::/64"],
+    ] {
+        let mut argv = args.clone();
+        argv.extend([
+            "--manifests",
+            SEED,
+            "--dry-run",
+            "--hostname-override=k8s-master",
+        ]);
+        let (ok, out, err) = run(&argv);
+        assert!(!ok, "{args:?} accepted: {out}");
+        assert!(out.is_empty(), "{args:?}: nothing is printed: {out}");
+        assert!(
+            err.contains("--cluster-cidr:") && err.contains("are both IPv"),
+            "{args:?}: {err}"
+        );
+    }
+    let (ok, _, err) = run(&[
+        "--cluster-cidr=10.0.0.0/16,10.1.0.0/16",
+        "--write-config-to=/dev/null",
+    ]);
+    assert!(!ok && err.contains("--cluster-cidr:"), "{err}");
+    let (_, _, err) = run(&[
+        "--cluster-cidr=10.0.0.0/16,10.1.0.0/16",
+        "--manifests",
+        SEED,
+        "--dry-run",
+    ]);
+    assert!(
+        err.contains(
+            "\"10.0.0.0/16\" and \"10.1.0.0/16\" are both IPv4; give at most one CIDR per IP \
+             family (one IPv4 and one IPv6 CIDR for a dual-stack cluster)"
+        ),
+        "{err}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.conf");
+    std::fs::write(
+        &path,
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nclusterCIDR: 10.0.0.0/16,10.1.0.0/16\n",
+    )
+    .unwrap();
+    let (ok, out, err) = run(&[
+        "--config",
+        path.to_str().unwrap(),
+        "--manifests",
+        SEED,
+        "--dry-run",
+    ]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(
+        err.contains("clusterCIDR:") && err.contains("are both IPv4"),
+        "{err}"
+    );
+
+    // Dual-stack: one of each family.
+    let (ok, out, err) = run(&[
+        "--cluster-cidr=10.0.0.0/16,fd00:10:244::/64",
+        "--manifests",
+        SEED,
+        "--dry-run",
+        "--hostname-override=k8s-master",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("! -s 10.0.0.0/16"), "{out}");
+}
+
+/// Writes `text` as a manifest file in a new temporary directory.
+fn manifest(text: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, text).unwrap();
+    let path = path.to_str().unwrap().to_string();
+    (dir, path)
+}
+
+/// An IPv4 address with leading zeros is read as upstream reads it (decimal) and programmed,
+/// with a warning naming the object, the field and both spellings; the rules carry only the
+/// parsed address.
+#[test]
+fn leading_zero_addresses_are_programmed_as_decimal() {
+    let (_dir, path) = manifest(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: web\nspec:\n  clusterIP: 172.30.0.041\n  \
+         externalIPs: [192.168.056.020]\n  ports:\n  - port: 80\n---\n\
+         apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: web-1\n  labels:\n    \
+         kubernetes.io/service-name: web\naddressType: IPv4\nendpoints:\n- addresses: [10.180.00.001]\n\
+         ports:\n- port: 8080\n",
+    );
+    let (ok, out, err) = run(&["--manifests", &path, "--dry-run", "--hostname-override=n1"]);
+    assert!(ok, "{err}");
+    assert!(out.contains("-d 172.30.0.41/32"), "{out}");
+    assert!(out.contains("-d 192.168.56.20/32"), "{out}");
+    assert!(out.contains("--to-destination 10.180.0.1:8080"), "{out}");
+    for sloppy in ["041", "056.020", "00.001"] {
+        assert!(!out.contains(sloppy), "{sloppy} in the rules: {out}");
+    }
+    assert!(
+        err.contains(
+            "Service default/web: spec.clusterIP: \"172.30.0.041\" has leading zeros; read as \
+             172.30.0.41"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("EndpointSlice default/web-1: endpoints[0].addresses[0]: \"10.180.00.001\""),
+        "{err}"
+    );
+}
+
+/// A name holding a newline or a terminal escape is rejected, and its error is one line with
+/// the characters escaped: a manifest cannot forge a log line.
+#[test]
+fn manifest_text_cannot_forge_log_lines() {
+    let (_dir, path) = manifest(
+        "apiVersion: v1\nkind: Service\nmetadata:\n  name: \"x\\nERROR forged log line\"\nspec:\n  \
+         ports:\n  - port: 80\n---\napiVersion: v1\nkind: Service\nmetadata:\n  name: web\n  \
+         namespace: \"\\e[2J\\e[31mred\"\nspec:\n  ports:\n  - port: 80\n",
+    );
+    let (ok, _, err) = run(&["--manifests", &path, "--dry-run", "--hostname-override=n1"]);
+    assert!(!ok, "an object was skipped: {err}");
+    assert!(
+        !err.lines().any(|l| l.starts_with("ERROR forged")),
+        "forged line: {err}"
+    );
+    assert!(!err.contains('\u{1b}'), "raw escape: {err:?}");
+    assert!(
+        err.contains("Service default/x\\nERROR forged log line: metadata.name:"),
+        "{err}"
+    );
+    assert!(
+        err.contains("Service \\u{1b}[2J\\u{1b}[31mred/web"),
+        "{err}"
+    );
+}

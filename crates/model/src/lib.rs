@@ -10,12 +10,16 @@
 //! The tracker (`kp-track`) turns objects into the *per-family* view a proxier renders:
 //! [`ServicePortInfo`] (upstream's `ServicePort`) and [`Endpoint`] grouped in a
 //! [`Snapshot`], plus a [`Changes`] record of which Services changed since the last sync.
+//!
+//! Text that has not been validated (a name being rejected, a value quoted in a message) is
+//! printed through [`escape`] (or [`Escaped`]), so that it cannot forge log lines.
 
 mod event;
 mod names;
 mod object;
 mod shared;
 mod snapshot;
+mod text;
 
 pub use event::{ObjectKind, SourceEvent};
 pub use names::{
@@ -29,6 +33,7 @@ pub use object::{
 };
 pub use shared::{HintSet, Interner, SharedStr};
 pub use snapshot::{Changes, Endpoint, ServicePortInfo, Snapshot};
+pub use text::{Escaped, escape};
 
 use std::fmt;
 use std::net::IpAddr;

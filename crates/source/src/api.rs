@@ -37,9 +37,15 @@
 //!   and reported. The same error for the same object is reported once. The API server
 //!   validates what it stores, so this only matters for what it lets through and we do
 //!   not (or for a newer server's fields).
+//! - **Warnings** ([`crate::convert::ConvertWarning`]: an address with leading zeros, read
+//!   as upstream reads it) are logged (`WARN`, naming the object) when the object is
+//!   delivered, not again while it stays the same.
+//! - **Every text from the server that is logged is escaped**: [`ApiObjectError`]'s
+//!   `Display`, the object names and the warnings go through [`kp_model::escape`], so an
+//!   object's name or field cannot forge a log line.
 //! - **Ignored objects** ([`crate::convert::Converted::Ignored`]: FQDN slices, and objects
-//!   with the labels the selectors exclude) are never delivered; one that was delivered
-//!   and becomes ignored is deleted. ExternalName and headless Services are delivered (the
+//!   with the labels the selectors exclude, checked again after conversion) are never
+//!   delivered; one that was delivered and becomes ignored is deleted. ExternalName and headless Services are delivered (the
 //!   tracker skips them), so a change of type is a change. A Node other than this node's is
 //!   ignored too (the field selector already keeps it away).
 //!
@@ -74,7 +80,7 @@ use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kp_model::{NamespacedName, ObjectKind, SourceEvent, validate_dns_subdomain};
+use kp_model::{Escaped, NamespacedName, ObjectKind, SourceEvent, validate_dns_subdomain};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -92,15 +98,19 @@ use backoff::ExponentialBackoff;
 use health::{Health, Probe};
 use store::{Outcome, Store};
 
-/// The label selector of the Service watch: Services handed to another proxy
-/// (`service.kubernetes.io/service-proxy-name`, any value) are not listed, as in upstream
-/// kube-proxy.
-pub const SERVICE_LABEL_SELECTOR: &str = "!service.kubernetes.io/service-proxy-name";
+/// The label selector of the Service watch: Services labelled
+/// `service.kubernetes.io/headless` or handed to another proxy
+/// (`service.kubernetes.io/service-proxy-name`), whatever the value, are not listed. Upstream
+/// kube-proxy (`cmd/kube-proxy/app/server.go`) puts this one selector on both its Service and
+/// its EndpointSlice informers; this is its text (requirements sorted by key, as
+/// `labels.Selector` prints them).
+pub const SERVICE_LABEL_SELECTOR: &str =
+    "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name";
 
 /// The label selector of the EndpointSlice watch: slices of headless Services and of
-/// Services handed to another proxy are not listed, as in upstream kube-proxy.
-pub const SLICE_LABEL_SELECTOR: &str =
-    "!service.kubernetes.io/headless,!service.kubernetes.io/service-proxy-name";
+/// Services handed to another proxy are not listed; the same selector as
+/// [`SERVICE_LABEL_SELECTOR`], as in upstream kube-proxy.
+pub const SLICE_LABEL_SELECTOR: &str = SERVICE_LABEL_SELECTOR;
 
 /// Tuning of the watches. [`ApiOptions::default`] is what the proxy uses; tests shorten the
 /// backoff.
@@ -151,12 +161,14 @@ pub struct ApiObjectError {
 }
 
 impl fmt::Display for ApiObjectError {
+    /// The object's name, the field and the message are printed through
+    /// [`kp_model::escape`]: they can hold text from the object.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: ", self.object)?;
         if !self.field.is_empty() {
-            write!(f, "{}: ", self.field)?;
+            write!(f, "{}: ", Escaped(&self.field))?;
         }
-        write!(f, "{}", self.message)?;
+        write!(f, "{}", Escaped(&self.message))?;
         if self.kept {
             write!(f, "; {KEEP_OBJECT}")?;
         }
@@ -485,9 +497,12 @@ fn namespaced(meta: &ObjectMeta) -> NamespacedName {
     NamespacedName::new(namespace, meta.name.as_deref().unwrap_or(""))
 }
 
-fn outcome<T>(result: Result<Converted<T>, SourceError>) -> Outcome<T> {
+fn outcome<T>(
+    result: Result<Converted<T>, SourceError>,
+    warnings: Vec<convert::ConvertWarning>,
+) -> Outcome<T> {
     match result {
-        Ok(Converted::Object(object)) => Outcome::Valid(object),
+        Ok(Converted::Object(object)) => Outcome::Valid(object, warnings),
         Ok(Converted::Ignored(why)) => Outcome::Ignored(why),
         Err(e) => Outcome::Invalid(e),
     }
@@ -495,14 +510,18 @@ fn outcome<T>(result: Result<Converted<T>, SourceError>) -> Outcome<T> {
 
 fn classify_service(svc: &core::Service) -> (ObjectKey, Outcome<kp_model::Service>) {
     let key = ObjectKey::Service(namespaced(&svc.metadata));
-    (key, outcome(convert::service(svc)))
+    let mut warnings = Vec::new();
+    let result = convert::service_with_warnings(svc, &mut warnings);
+    (key, outcome(result, warnings))
 }
 
 fn classify_slice(
     slice: &discovery::EndpointSlice,
 ) -> (ObjectKey, Outcome<kp_model::EndpointSlice>) {
     let key = ObjectKey::EndpointSlice(namespaced(&slice.metadata));
-    (key, outcome(convert::endpoint_slice(slice)))
+    let mut warnings = Vec::new();
+    let result = convert::endpoint_slice_with_warnings(slice, &mut warnings);
+    (key, outcome(result, warnings))
 }
 
 fn classify_node(node: &core::Node, node_name: &str) -> (ObjectKey, Outcome<kp_model::Node>) {
@@ -511,6 +530,7 @@ fn classify_node(node: &core::Node, node_name: &str) -> (ObjectKey, Outcome<kp_m
         let why = format!("it is not this node ({node_name})");
         return (ObjectKey::Node(name), Outcome::Ignored(why));
     }
-    let result = convert::node(node).map(Converted::Object);
-    (ObjectKey::Node(name), outcome(result))
+    let mut warnings = Vec::new();
+    let result = convert::node_with_warnings(node, &mut warnings).map(Converted::Object);
+    (ObjectKey::Node(name), outcome(result, warnings))
 }

@@ -15,15 +15,24 @@
 //! defaulted fields.
 //!
 //! Some objects are deliberately not handled by a service proxy; for those the functions return
-//! [`Converted::Ignored`] rather than an error, mirroring the label selectors upstream
-//! kube-proxy puts on its informers: Services labelled
-//! `service.kubernetes.io/service-proxy-name`, EndpointSlices labelled
-//! `service.kubernetes.io/headless` or `service.kubernetes.io/service-proxy-name`, and
-//! EndpointSlices of `addressType: FQDN`. ExternalName and headless Services are converted
-//! (the tracker skips them), so a Service that changes type is seen as a change.
+//! [`Converted::Ignored`] rather than an error, mirroring the label selector upstream
+//! kube-proxy puts on both its Service and its EndpointSlice informers
+//! (`!service.kubernetes.io/service-proxy-name,!service.kubernetes.io/headless`): Services and
+//! EndpointSlices labelled `service.kubernetes.io/service-proxy-name` or
+//! `service.kubernetes.io/headless` (whatever the value), and EndpointSlices of
+//! `addressType: FQDN`. ExternalName and headless (`clusterIP: None`) Services without those
+//! labels are converted (the tracker skips them), so a Service that changes type is seen as a
+//! change.
+//!
+//! IP addresses and CIDRs are read as upstream reads them (`k8s.io/utils/net`'s
+//! `ParseIPSloppy` and `ParseCIDRSloppy`): an IPv4 part may have leading zeros, and it is read
+//! as **decimal** (`172.30.0.041` is `172.30.0.41`, `010.0.0.0/8` is `10.0.0.0/8`), as Go did
+//! before 1.17 and as objects stored back then still spell it. The object is accepted, and a
+//! [`ConvertWarning`] (collected by the `*_with_warnings` functions) names the field and both
+//! spellings. Only the parsed address goes any further, so the sloppy text never reaches a rule.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
@@ -55,6 +64,29 @@ pub const TAINT_TO_BE_DELETED: &str = "ToBeDeletedByClusterAutoscaler";
 pub const DEFAULT_CLIENT_IP_TIMEOUT_SECONDS: u32 = 10800;
 /// The largest valid `sessionAffinityConfig.clientIP.timeoutSeconds` (one day).
 pub const MAX_CLIENT_IP_TIMEOUT_SECONDS: u32 = 86400;
+
+/// Something about an object that was accepted but deserves a warning: an address spelled with
+/// leading zeros, read as upstream reads it.
+///
+/// `Display` is `FIELD: MESSAGE`, e.g.
+/// `spec.clusterIP: "172.30.0.041" has leading zeros; read as 172.30.0.41 (decimal, as upstream kube-proxy reads it)`.
+/// The message quotes the object's text with `{:?}`, so it is safe to log.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ConvertWarning {
+    /// The field path inside the object, as in [`SourceError::Invalid`].
+    pub field: String,
+    /// What was found and what was made of it, quoting the object's text.
+    pub message: String,
+}
+
+impl std::fmt::Display for ConvertWarning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// Where a conversion puts its warnings.
+type Warnings = Vec<ConvertWarning>;
 
 /// The outcome of a conversion that may deliberately skip an object.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,32 +125,130 @@ fn namespace_of(meta: &ObjectMeta) -> Result<String> {
     Ok(ns.to_string())
 }
 
-/// Parses an IP address. Like the API server's strict validation, IPv4-mapped IPv6 addresses
+/// Parses an IP address, as upstream's `ParseIPSloppy` does: an IPv4 address (alone or as the
+/// last 32 bits of an IPv6 address) may have leading zeros in its parts, read as decimal; then
+/// a warning says so. Like the API server's strict validation, IPv4-mapped IPv6 addresses
 /// (`::ffff:10.0.0.1`) are refused: they would put an IPv4 destination in an IPv6 rule.
-fn parse_ip(field: &str, text: &str) -> Result<IpAddr> {
-    match text.parse::<IpAddr>() {
-        Ok(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some() => invalid(
+fn parse_ip(warnings: &mut Warnings, field: &str, text: &str) -> Result<IpAddr> {
+    let parsed = match text.parse::<IpAddr>() {
+        Ok(ip) => Some(ip),
+        Err(_) => sloppy_ip(text).inspect(|ip| {
+            warnings.push(leading_zeros(field, text, ip));
+        }),
+    };
+    match parsed {
+        Some(IpAddr::V6(v6)) if v6.to_ipv4_mapped().is_some() => invalid(
             field,
             format!("{text:?} is an IPv4-mapped IPv6 address, which is not allowed"),
         ),
-        Ok(ip) => Ok(ip),
-        Err(_) => invalid(field, format!("{text:?} is not a valid IP address")),
+        Some(ip) => Ok(ip),
+        None => invalid(field, format!("{text:?} is not a valid IP address")),
+    }
+}
+
+/// The warning for an address or CIDR spelled with leading zeros.
+fn leading_zeros(field: &str, text: &str, read_as: &dyn std::fmt::Display) -> ConvertWarning {
+    ConvertWarning {
+        field: field.to_string(),
+        message: format!(
+            "{text:?} has leading zeros; read as {read_as} (decimal, as upstream kube-proxy \
+             reads it)"
+        ),
+    }
+}
+
+/// An IPv4 address in dotted decimal with leading zeros allowed (Go's parser before 1.17, kept
+/// by `k8s.io/utils/net`): four parts of one or more decimal digits, each at most 255.
+fn sloppy_ipv4(text: &str) -> Option<Ipv4Addr> {
+    let mut octets = [0u8; 4];
+    let mut parts = text.split('.');
+    for octet in &mut octets {
+        let part = parts.next()?;
+        if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let digits = part.trim_start_matches('0');
+        *octet = if digits.is_empty() {
+            0
+        } else {
+            digits.parse().ok()?
+        };
+    }
+    parts.next().is_none().then_some(Ipv4Addr::from(octets))
+}
+
+/// [`sloppy_ipv4`] for a whole address: an IPv4 address, or an IPv6 address whose last 32
+/// bits are written as a (sloppy) IPv4 address. `None` when it is not an address even so.
+fn sloppy_ip(text: &str) -> Option<IpAddr> {
+    match text.rfind(':') {
+        None => sloppy_ipv4(text).map(IpAddr::V4),
+        Some(colon) => {
+            let (head, tail) = text.split_at(colon + 1);
+            let v4 = sloppy_ipv4(tail)?;
+            format!("{head}{v4}")
+                .parse::<Ipv6Addr>()
+                .ok()
+                .map(IpAddr::V6)
+        }
     }
 }
 
 /// Parses a CIDR; the result has its host bits cleared (as Go's `net.ParseCIDR` returns it).
-/// With `lenient`, surrounding spaces are trimmed and a bare address means a host prefix
-/// (`/32` or `/128`), as the API server and upstream kube-proxy accept for
+/// Leading zeros are accepted as by [`parse_ip`] (upstream's `ParseCIDRSloppy`), with a
+/// warning. With `lenient`, surrounding spaces are trimmed and a bare address means a host
+/// prefix (`/32` or `/128`), as the API server and upstream kube-proxy accept for
 /// `loadBalancerSourceRanges`.
-fn parse_cidr(field: &str, text: &str, lenient: bool) -> Result<IpNet> {
+fn parse_cidr(warnings: &mut Warnings, field: &str, text: &str, lenient: bool) -> Result<IpNet> {
     let t = if lenient { text.trim() } else { text };
-    if let Ok(net) = t.parse::<IpNet>() {
-        return Ok(net.trunc());
-    }
-    if lenient && let Ok(ip) = t.parse::<IpAddr>() {
-        return Ok(IpNet::from(ip));
+    // ipnet's parser takes some leading zeros silently: look for them first.
+    if has_leading_zeros(t) {
+        if let Some(net) = sloppy_cidr(t, lenient) {
+            warnings.push(leading_zeros(field, text, &net));
+            return Ok(net);
+        }
+    } else {
+        if let Ok(net) = t.parse::<IpNet>() {
+            return Ok(net.trunc());
+        }
+        if lenient && let Ok(ip) = t.parse::<IpAddr>() {
+            return Ok(IpNet::from(ip));
+        }
     }
     invalid(field, format!("{text:?} is not a valid CIDR"))
+}
+
+/// Whether a CIDR's dotted-decimal part (an IPv4 address, or the last 32 bits of an IPv6
+/// one) or its prefix length has a number written with a leading zero (`010`, `/08`).
+fn has_leading_zeros(text: &str) -> bool {
+    let zero_led = |n: &str| n.len() > 1 && n.starts_with('0');
+    let (addr, prefix) = text.split_once('/').unwrap_or((text, ""));
+    let dotted = addr.rsplit(':').next().unwrap_or(addr);
+    zero_led(prefix) || (dotted.contains('.') && dotted.split('.').any(zero_led))
+}
+
+/// A CIDR whose address (or prefix length) has leading zeros; with `lenient`, a bare address
+/// too. Host bits are cleared.
+fn sloppy_cidr(text: &str, lenient: bool) -> Option<IpNet> {
+    let (addr, prefix) = match text.split_once('/') {
+        Some((addr, prefix)) => (addr, Some(prefix)),
+        None if lenient => (text, None),
+        None => return None,
+    };
+    let ip = sloppy_ip(addr).or_else(|| addr.parse().ok())?;
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    let len = match prefix {
+        None => max,
+        Some(p) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => {
+            let digits = p.trim_start_matches('0');
+            if digits.is_empty() {
+                0
+            } else {
+                digits.parse::<u8>().ok().filter(|&l| l <= max)?
+            }
+        }
+        Some(_) => return None,
+    };
+    IpNet::new(ip, len).ok().map(|net| net.trunc())
 }
 
 /// A port number, 1..=65535.
@@ -187,11 +317,21 @@ fn label_value(field: &str, value: &str) -> Result<()> {
     }
 }
 
-/// Converts a `v1.Service`.
+/// Converts a `v1.Service`; warnings are dropped (see [`service_with_warnings`]).
+///
+/// # Errors
+/// As [`service_with_warnings`].
+pub fn service(svc: &core::Service) -> Result<Converted<Service>> {
+    service_with_warnings(svc, &mut Vec::new())
+}
+
+/// Converts a `v1.Service`, adding to `warnings` what was accepted with a warning (addresses
+/// with leading zeros).
 ///
 /// Returns [`Converted::Ignored`] for a Service labelled `service.kubernetes.io/service-proxy-name`
-/// (it belongs to another proxy; upstream's informer filters it out). `clusterIP: None` gives a
-/// headless Service with no cluster IPs; an empty or absent `clusterIP` gives none either.
+/// (it belongs to another proxy) or `service.kubernetes.io/headless`: upstream's informer
+/// filters both out. `clusterIP: None` gives a headless Service with no cluster IPs; an empty
+/// or absent `clusterIP` gives none either.
 ///
 /// # Errors
 /// [`SourceError::Invalid`] for the first invalid field: namespace (DNS-1123 label), name
@@ -199,12 +339,15 @@ fn label_value(field: &str, value: &str) -> Result<()> {
 /// `clusterIP`), ports (names, duplicates, unnamed port among several, protocol, 1..=65535,
 /// node ports), external IPs, load-balancer ingress IPs and `ipMode`, source ranges, session
 /// affinity and its timeout (1..=86400), traffic policies, `healthCheckNodePort`.
-pub fn service(svc: &core::Service) -> Result<Converted<Service>> {
+pub fn service_with_warnings(
+    svc: &core::Service,
+    warnings: &mut Vec<ConvertWarning>,
+) -> Result<Converted<Service>> {
     let meta = &svc.metadata;
-    if has_label(meta, LABEL_SERVICE_PROXY_NAME) {
-        return Ok(Converted::Ignored(format!(
-            "it has label {LABEL_SERVICE_PROXY_NAME}"
-        )));
+    for label in [LABEL_SERVICE_PROXY_NAME, LABEL_HEADLESS] {
+        if has_label(meta, label) {
+            return Ok(Converted::Ignored(format!("it has label {label}")));
+        }
     }
     let namespace = namespace_of(meta)?;
     let name = meta.name.as_deref().unwrap_or("");
@@ -229,7 +372,7 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>> {
         }
     };
 
-    let (headless, cluster_ips) = cluster_ips(spec)?;
+    let (headless, cluster_ips) = cluster_ips(warnings, spec)?;
     let ports = service_ports(spec.ports.as_deref().unwrap_or(&[]))?;
 
     let external_ips = spec
@@ -237,7 +380,7 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>> {
         .iter()
         .flatten()
         .enumerate()
-        .map(|(i, ip)| parse_ip(&format!("spec.externalIPs[{i}]"), ip))
+        .map(|(i, ip)| parse_ip(warnings, &format!("spec.externalIPs[{i}]"), ip))
         .collect::<Result<Vec<_>>>()?;
 
     let mut load_balancer_ingress = Vec::new();
@@ -252,7 +395,11 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>> {
         let Some(text) = non_empty(ing.ip.as_deref()) else {
             continue;
         };
-        let ip = parse_ip(&format!("status.loadBalancer.ingress[{i}].ip"), text)?;
+        let ip = parse_ip(
+            warnings,
+            &format!("status.loadBalancer.ingress[{i}].ip"),
+            text,
+        )?;
         let ip_mode = match non_empty(ing.ip_mode.as_deref()) {
             None | Some("VIP") => LoadBalancerIpMode::Vip,
             Some("Proxy") => LoadBalancerIpMode::Proxy,
@@ -271,7 +418,14 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>> {
         .iter()
         .flatten()
         .enumerate()
-        .map(|(i, r)| parse_cidr(&format!("spec.loadBalancerSourceRanges[{i}]"), r, true))
+        .map(|(i, r)| {
+            parse_cidr(
+                warnings,
+                &format!("spec.loadBalancerSourceRanges[{i}]"),
+                r,
+                true,
+            )
+        })
         .collect::<Result<Vec<_>>>()?;
 
     let session_affinity = match non_empty(spec.session_affinity.as_deref()) {
@@ -338,14 +492,14 @@ pub fn service(svc: &core::Service) -> Result<Converted<Service>> {
 }
 
 /// `spec.clusterIPs` (preferred) or `spec.clusterIP`: `(headless, addresses)`.
-fn cluster_ips(spec: &core::ServiceSpec) -> Result<(bool, Vec<IpAddr>)> {
+fn cluster_ips(warnings: &mut Warnings, spec: &core::ServiceSpec) -> Result<(bool, Vec<IpAddr>)> {
     let single = spec.cluster_ip.as_deref().unwrap_or("");
     let list = spec.cluster_ips.as_deref().unwrap_or(&[]);
     let Some(first) = list.first() else {
         return match single {
             "" => Ok((false, Vec::new())),
             "None" => Ok((true, Vec::new())),
-            text => Ok((false, vec![parse_ip("spec.clusterIP", text)?])),
+            text => Ok((false, vec![parse_ip(warnings, "spec.clusterIP", text)?])),
         };
     };
     if !single.is_empty() && single != first {
@@ -375,7 +529,7 @@ fn cluster_ips(spec: &core::ServiceSpec) -> Result<(bool, Vec<IpAddr>)> {
     let ips = list
         .iter()
         .enumerate()
-        .map(|(i, t)| parse_ip(&format!("spec.clusterIPs[{i}]"), t))
+        .map(|(i, t)| parse_ip(warnings, &format!("spec.clusterIPs[{i}]"), t))
         .collect::<Result<Vec<_>>>()?;
     if let [a, b] = ips[..]
         && a.is_ipv4() == b.is_ipv4()
@@ -431,7 +585,17 @@ fn service_ports(input: &[core::ServicePort]) -> Result<Vec<ServicePortSpec>> {
     Ok(ports)
 }
 
-/// Converts a `discovery.k8s.io/v1` EndpointSlice.
+/// Converts a `discovery.k8s.io/v1` EndpointSlice; warnings are dropped (see
+/// [`endpoint_slice_with_warnings`]).
+///
+/// # Errors
+/// As [`endpoint_slice_with_warnings`].
+pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<Converted<EndpointSlice>> {
+    endpoint_slice_with_warnings(slice, &mut Vec::new())
+}
+
+/// Converts a `discovery.k8s.io/v1` EndpointSlice, adding to `warnings` what was accepted with
+/// a warning (addresses with leading zeros).
 ///
 /// Returns [`Converted::Ignored`] for slices labelled `service.kubernetes.io/headless` or
 /// `service.kubernetes.io/service-proxy-name` and for `addressType: FQDN`. Each endpoint uses
@@ -445,7 +609,10 @@ fn service_ports(input: &[core::ServicePort]) -> Result<Vec<ServicePortSpec>> {
 /// (DNS-1123 subdomain), the `kubernetes.io/service-name` label (missing, or not a Service
 /// name), an endpoint without addresses, an address that does not parse or is of the wrong
 /// family, `nodeName`, `zone` and hint names, port names, protocols and numbers.
-pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<Converted<EndpointSlice>> {
+pub fn endpoint_slice_with_warnings(
+    slice: &discovery::EndpointSlice,
+    warnings: &mut Vec<ConvertWarning>,
+) -> Result<Converted<EndpointSlice>> {
     let meta = &slice.metadata;
     for label in [LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME] {
         if has_label(meta, label) {
@@ -479,7 +646,7 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<Converted<Endp
         .endpoints
         .iter()
         .enumerate()
-        .map(|(i, ep)| endpoint_entry(i, ep, address_type))
+        .map(|(i, ep)| endpoint_entry(warnings, i, ep, address_type))
         .collect::<Result<Vec<_>>>()?;
 
     let mut ports = Vec::new();
@@ -517,6 +684,7 @@ pub fn endpoint_slice(slice: &discovery::EndpointSlice) -> Result<Converted<Endp
 }
 
 fn endpoint_entry(
+    warnings: &mut Warnings,
     i: usize,
     ep: &discovery::Endpoint,
     address_type: SliceAddressType,
@@ -525,7 +693,7 @@ fn endpoint_entry(
     let Some(text) = ep.addresses.first() else {
         return invalid(field("addresses"), "must contain at least one address");
     };
-    let address = parse_ip(&field("addresses[0]"), text)?;
+    let address = parse_ip(warnings, &field("addresses[0]"), text)?;
     let (want_v4, family) = match address_type {
         SliceAddressType::V4 => (true, "IPv4"),
         SliceAddressType::V6 => (false, "IPv6"),
@@ -592,7 +760,16 @@ fn endpoint_entry(
     })
 }
 
-/// Converts a `v1.Node`. Nodes are never ignored.
+/// Converts a `v1.Node`; warnings are dropped (see [`node_with_warnings`]).
+///
+/// # Errors
+/// As [`node_with_warnings`].
+pub fn node(node: &core::Node) -> Result<Node> {
+    node_with_warnings(node, &mut Vec::new())
+}
+
+/// Converts a `v1.Node`, adding to `warnings` what was accepted with a warning (addresses and
+/// pod CIDRs with leading zeros). Nodes are never ignored.
 ///
 /// `pod_cidrs` come from `spec.podCIDRs`, or `spec.podCIDR` when the list is empty;
 /// `addresses` are the `status.addresses` of type `InternalIP`, then those of type `ExternalIP`
@@ -601,7 +778,7 @@ fn endpoint_entry(
 ///
 /// # Errors
 /// [`SourceError::Invalid`] for an invalid name (DNS-1123 subdomain), pod CIDR or address.
-pub fn node(node: &core::Node) -> Result<Node> {
+pub fn node_with_warnings(node: &core::Node, warnings: &mut Vec<ConvertWarning>) -> Result<Node> {
     let meta = &node.metadata;
     let name = meta.name.as_deref().unwrap_or("");
     validate_dns_subdomain(name).map_err(|e| name_error("metadata.name", e))?;
@@ -615,12 +792,17 @@ pub fn node(node: &core::Node) -> Result<Node> {
     {
         Some(list) => {
             for (i, c) in list.iter().enumerate() {
-                pod_cidrs.push(parse_cidr(&format!("spec.podCIDRs[{i}]"), c, false)?);
+                pod_cidrs.push(parse_cidr(
+                    warnings,
+                    &format!("spec.podCIDRs[{i}]"),
+                    c,
+                    false,
+                )?);
             }
         }
         None => {
             if let Some(c) = non_empty(spec.and_then(|s| s.pod_cidr.as_deref())) {
-                pod_cidrs.push(parse_cidr("spec.podCIDR", c, false)?);
+                pod_cidrs.push(parse_cidr(warnings, "spec.podCIDR", c, false)?);
             }
         }
     }
@@ -637,6 +819,7 @@ pub fn node(node: &core::Node) -> Result<Node> {
         for (i, a) in status_addresses.iter().enumerate() {
             if a.type_ == wanted {
                 addresses.push(parse_ip(
+                    warnings,
                     &format!("status.addresses[{i}].address"),
                     &a.address,
                 )?);

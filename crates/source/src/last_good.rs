@@ -10,8 +10,8 @@
 //!   loaded stays, and its error ends with `; keeping the last valid version`. An object that
 //!   never loaded is simply skipped, as on the first load.
 //! - **A file that is not understood whole keeps everything it defined.** When a file cannot be
-//!   read (permissions, not UTF-8, a dangling link), or any of its documents cannot be parsed
-//!   as YAML, or an object in it cannot be identified (not a mapping, no `kind`, no
+//!   read (permissions, a dangling link), or any of its documents cannot be parsed as YAML or
+//!   holds bytes that are not UTF-8, or an object in it cannot be identified (not a mapping, no `kind`, no
 //!   `apiVersion`, a Service, EndpointSlice or Node without a usable `metadata.name`), every
 //!   object the file defined at its last good load stays (the watcher remembers which file
 //!   defined which object). The objects of its documents that still load are updated or
@@ -25,6 +25,7 @@
 //! - **Deleting is still possible.** Deleting a file from a watched directory that still exists
 //!   deletes the objects it defined; removing an object from a file that still parses deletes
 //!   it; so does giving it a kind or `apiVersion` kube-proxy-rs does not read, or a
+<<<<<<< HEAD
 //!   `service.kubernetes.io/service-proxy-name` label.
 //! - **A file rewritten in place keeps its objects for a grace period.** A file that is still
 //!   there but became empty, or lost every object it had (`kubectl get -o yaml > file`
@@ -33,6 +34,11 @@
 //! - **The first load has no last good state** in memory: invalid objects are skipped, and
 //!   broken files contribute what they can, completed from their last good copy on disk when
 //!   the watcher has a state directory ([`crate::state_dir`]).
+=======
+//!   `service.kubernetes.io/service-proxy-name` or `service.kubernetes.io/headless` label.
+//! - **The first load has no last good state**: invalid objects are skipped, and broken files
+//!   contribute what they can.
+>>>>>>> wt-input
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -3,7 +3,11 @@
 //!
 //! A file may hold many YAML documents. The text is split on document-marker lines (`---`,
 //! `--- ...`, `...`) and each document is parsed on its own, so a broken document costs only
-//! itself. A document is parsed into a [`serde_json::Value`] with serde-saphyr, then:
+//! itself. That includes a document holding bytes that are not UTF-8 (even in a comment): it
+//! is skipped whole, with an error naming its first line and the line of the first bad byte,
+//! and the file's other documents load ([`ManifestLoader::add_bytes`]); a `kind: List` is one
+//! document, so all of its items are skipped, and the error says so. A document is parsed
+//! into a [`serde_json::Value`] with serde-saphyr, then:
 //!
 //! - `kind: List` (and `ServiceList`, `EndpointSliceList`, `NodeList`, as `kubectl get -o yaml`
 //!   and the API print them) is unpacked: each entry of `items` is handled as an object (items
@@ -19,7 +23,12 @@
 //! every error. Each error prints as one line, `FILE:LINE: OBJECT: FIELD: MESSAGE`, where
 //! `LINE` is where the document starts or, inside a List, where the item starts. The YAML
 //! parser's messages are worded for an operator (`duplicate key "ports"`), without the
-//! library's configuration hints.
+//! library's configuration hints. Text from the manifest in an error (a name, a field path, a
+//! value, the file name) is printed with its control characters escaped (`\n`, `\u{1b}`;
+//! see [`kp_model::escape`]), so a manifest cannot forge log lines.
+//!
+//! Objects accepted with a warning (an address with leading zeros, read as upstream reads it;
+//! see [`crate::convert`]) are listed in [`Loaded::warnings`], in the same one-line form.
 //!
 //! [`load_path_detailed`] (and [`ManifestLoader::finish_detailed`]) also say, file by file,
 //! which objects each file defined, which objects it defines but were rejected, and whether
@@ -33,14 +42,16 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use kp_model::{EndpointSlice, NamespacedName, Node, ObjectKind, Service, SourceEvent};
+use kp_model::{
+    EndpointSlice, Escaped, NamespacedName, Node, ObjectKind, Service, SourceEvent, escape,
+};
 use serde::de::{self, DeserializeOwned, IntoDeserializer};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use tracing::{debug, warn};
 
 use crate::SourceError;
-use crate::convert::{self, Converted};
+use crate::convert::{self, ConvertWarning, Converted};
 
 /// One problem found while loading manifests. The object it concerns (if any) was skipped (a
 /// watcher may keep its last valid version instead; see [`crate::last_good`]).
@@ -48,6 +59,8 @@ use crate::convert::{self, Converted};
 /// `Display` is one line: `FILE:LINE: OBJECT: FIELD: MESSAGE`, leaving out the parts that are
 /// unknown, e.g.
 /// `cluster.yaml:12: Service default/nginx-svc: spec.ports[0].port: 70000 is out of range 1-65535`.
+/// Control characters in any part (a name holding a newline or a terminal escape) are printed
+/// escaped (`\n`, `\u{1b}`), so a manifest cannot forge log lines.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ManifestError {
     /// The file (or directory) concerned, as it was named when loading.
@@ -83,20 +96,27 @@ impl ManifestError {
 }
 
 impl fmt::Display for ManifestError {
+    /// Every part is printed through [`kp_model::escape`]: the file name, the object's name,
+    /// a field path and the message can all hold text from the manifest.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.file.display())?;
+        write!(f, "{}", escape(&self.file.display().to_string()))?;
         if let Some(line) = self.line {
             write!(f, ":{line}")?;
         }
         if let Some(object) = &self.object {
-            write!(f, ": {object}")?;
+            write!(f, ": {}", Escaped(object))?;
         }
         if let Some(field) = &self.field {
-            write!(f, ": {field}")?;
+            write!(f, ": {}", Escaped(field))?;
         }
-        write!(f, ": {}", self.message)
+        write!(f, ": {}", Escaped(&self.message))
     }
 }
+
+/// A problem that did not stop an object loading (an address with leading zeros, read as
+/// upstream reads it): the same record and one-line `Display` as [`ManifestError`], e.g.
+/// `t.yaml:1: Service default/web: spec.clusterIP: "172.30.0.041" has leading zeros; read as 172.30.0.41 (...)`.
+pub type ManifestWarning = ManifestError;
 
 impl std::error::Error for ManifestError {}
 
@@ -176,7 +196,8 @@ impl ManifestSet {
 }
 
 /// One object's identity: its kind and namespace/name (name for a Node), as the tracker keys
-/// it. `Display` prints it the way errors name objects: `Service default/nginx-svc`.
+/// it. `Display` prints it the way errors name objects: `Service default/nginx-svc` (with
+/// control characters escaped).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ObjectKey {
     /// A Service, by namespace/name.
@@ -199,12 +220,20 @@ impl ObjectKey {
 }
 
 impl fmt::Display for ObjectKey {
+    /// The name is printed through [`kp_model::escape`]: a key can be built from the metadata
+    /// of an object that is being rejected.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ObjectKey::Service(name) => write!(f, "Service {name}"),
-            ObjectKey::EndpointSlice(name) => write!(f, "EndpointSlice {name}"),
-            ObjectKey::Node(name) => write!(f, "Node {name}"),
-        }
+        let (kind, name) = match self {
+            ObjectKey::Service(name) => ("Service", name),
+            ObjectKey::EndpointSlice(name) => ("EndpointSlice", name),
+            ObjectKey::Node(name) => return write!(f, "Node {}", Escaped(name)),
+        };
+        write!(
+            f,
+            "{kind} {}/{}",
+            Escaped(&name.namespace),
+            Escaped(&name.name)
+        )
     }
 }
 
@@ -292,6 +321,9 @@ pub struct Loaded {
     pub set: ManifestSet,
     /// Every problem found, in the order found.
     pub errors: Vec<ManifestError>,
+    /// What loaded with a warning (addresses with leading zeros), in the order found; the
+    /// caller logs them ([`crate::watch::watch_manifests`] does, each once).
+    pub warnings: Vec<ManifestWarning>,
     /// Every file that was read or that failed to be read, as named in errors.
     pub files: BTreeMap<PathBuf, FileLoad>,
     /// Paths whose content is unknown: the loaded path itself when it cannot be inspected, or a
@@ -330,6 +362,7 @@ struct Origin {
 pub struct ManifestLoader {
     set: ManifestSet,
     errors: Vec<ManifestError>,
+    warnings: Vec<ManifestWarning>,
     origins: HashMap<ObjectKey, Origin>,
     files: BTreeMap<PathBuf, FileLoad>,
     unreadable: Vec<(PathBuf, usize)>,
@@ -340,6 +373,8 @@ pub struct ManifestLoader {
 struct Document<'a> {
     /// The document's text (including a `--- ` marker line when content follows the marker).
     text: &'a str,
+    /// Byte offset of `text` in the file's text.
+    offset: usize,
     /// 1-based line of the first line of `text` in the file.
     first_line: usize,
     /// 1-based line of the first line that is not blank or a comment (what errors report).
@@ -446,36 +481,126 @@ impl ManifestLoader {
 
     /// Reads one file and adds its documents.
     fn add_file(&mut self, path: &Path) {
-        let bytes = match std::fs::read(path) {
-            Ok(bytes) => bytes,
-            Err(e) => return self.unreadable_file(path, format!("cannot read: {e}")),
-        };
-        match String::from_utf8(bytes) {
-            Ok(text) => self.add_text(path, &text),
-            Err(e) => self.unreadable_file(path, format!("cannot read: not UTF-8 text: {e}")),
+        match std::fs::read(path) {
+            Ok(bytes) => self.add_bytes(path, &bytes),
+            Err(e) => self.unreadable_file(path, format!("cannot read: {e}")),
+        }
+    }
+
+    /// Adds the documents of one file's content, which should be UTF-8 text; `file` names it
+    /// in errors and in duplicate reports.
+    ///
+    /// A document (as split by [`ManifestLoader::add_text`]) that holds bytes that are not
+    /// UTF-8, even in a comment, is skipped whole with one error naming its first line and
+    /// the line of the first bad byte (a `kind: List` document is one document: all its items
+    /// are skipped, and the error says so); the other documents load as usual. Such a file is
+    /// not understood whole (see [`FileLoad::incomplete`]).
+    pub fn add_bytes(&mut self, file: &Path, bytes: &[u8]) {
+        match std::str::from_utf8(bytes) {
+            Ok(text) => self.add_text(file, text),
+            Err(_) => {
+                let (text, bad) = lossy_text(bytes);
+                self.add_checked_text(file, &text, &bad);
+            }
         }
     }
 
     /// Adds the documents of one file's text; `file` names it in errors and in duplicate
     /// reports.
     pub fn add_text(&mut self, file: &Path, text: &str) {
+        self.add_checked_text(file, text, &[]);
+    }
+
+    /// [`ManifestLoader::add_text`] for a text in which the bytes that were not UTF-8 were
+    /// replaced (at `bad`, sorted by offset): the documents that hold one are skipped.
+    fn add_checked_text(&mut self, file: &Path, text: &str, bad: &[BadBytes]) {
         self.files.entry(file.to_path_buf()).or_default();
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+        let (text, shift) = match text.strip_prefix('\u{feff}') {
+            Some(rest) => (rest, '\u{feff}'.len_utf8()),
+            None => (text, 0),
+        };
+        let mut bad = bad.iter().peekable();
         for doc in split_documents(text) {
-            self.add_document(file, &doc);
+            let start = doc.offset + shift;
+            let end = start + doc.text.len();
+            let mut inside = Vec::new();
+            while let Some(b) = bad.next_if(|b| b.offset < end) {
+                if b.offset >= start {
+                    inside.push(b);
+                } else {
+                    self.stray_bad_bytes(file, b);
+                }
+            }
+            if inside.is_empty() {
+                self.add_document(file, &doc);
+            } else {
+                self.non_utf8_document(file, &doc, &inside);
+            }
+        }
+        for b in bad {
+            self.stray_bad_bytes(file, b);
         }
     }
 
-    /// The objects loaded and the errors found so far.
+    /// A document that holds bytes that are not UTF-8: skipped whole, with one error.
+    fn non_utf8_document(&mut self, file: &Path, doc: &Document<'_>, bad: &[&BadBytes]) {
+        let first = bad[0];
+        let more = match bad.len() {
+            1 => String::new(),
+            n => format!(" (and {} more)", n - 1),
+        };
+        let skipped = match describe_document(doc.text) {
+            Described::List(0) => "this document, a List, is skipped".to_string(),
+            Described::List(n) => {
+                format!("this document is a List: the whole List ({n} items) is skipped")
+            }
+            Described::Object(label) => format!("this document ({label}) is skipped"),
+            Described::Unknown => "this document is skipped".to_string(),
+        };
+        let message = format!(
+            "not UTF-8 text: invalid byte 0x{:02X} at line {}{more}; {skipped}",
+            first.byte, first.line
+        );
+        self.errors.push(ManifestError::new(
+            file,
+            Some(doc.start_line),
+            Some(format!("document {}", doc.number)),
+            None,
+            message,
+        ));
+        self.mark_incomplete(file);
+    }
+
+    /// Bytes that are not UTF-8 outside every document (in a comment between documents):
+    /// nothing is skipped, but the file is reported.
+    fn stray_bad_bytes(&mut self, file: &Path, bad: &BadBytes) {
+        self.errors.push(ManifestError::new(
+            file,
+            Some(bad.line),
+            None,
+            None,
+            format!(
+                "not UTF-8 text: invalid byte 0x{:02X} outside any document; ignored",
+                bad.byte
+            ),
+        ));
+    }
+
+    /// The objects loaded and the errors found so far. The warnings (see
+    /// [`Loaded::warnings`]) are logged here, since the caller does not get them.
     pub fn finish(self) -> (ManifestSet, Vec<ManifestError>) {
+        for w in &self.warnings {
+            warn!("{w}");
+        }
         (self.set, self.errors)
     }
 
-    /// Everything found so far, file by file.
+    /// Everything found so far, file by file, warnings included (not logged).
     pub fn finish_detailed(self) -> Loaded {
         Loaded {
             set: self.set,
             errors: self.errors,
+            warnings: self.warnings,
             files: self.files,
             unreadable: self.unreadable,
             directories: self.directories,
@@ -639,7 +764,8 @@ impl ManifestLoader {
             "EndpointSlice" => "discovery.k8s.io/v1",
             _ => {
                 debug!(
-                    file = %at.file.display(), line = at.line, %kind, %api_version,
+                    file = %escape(&at.file.display().to_string()), line = at.line,
+                    kind = %Escaped(&kind), api_version = %Escaped(&api_version),
                     "ignoring manifest object of a kind a service proxy does not use"
                 );
                 return;
@@ -648,7 +774,8 @@ impl ManifestLoader {
         let object = object_label(&kind, map);
         if api_version != expected_version {
             warn!(
-                file = %at.file.display(), line = at.line, %object, %api_version,
+                file = %escape(&at.file.display().to_string()), line = at.line,
+                object = %Escaped(&object), api_version = %Escaped(&api_version),
                 "ignoring {kind}: apiVersion is not {expected_version}"
             );
             return;
@@ -666,9 +793,11 @@ impl ManifestLoader {
                 else {
                     return;
                 };
-                match convert::service(&svc) {
+                let mut warnings = Vec::new();
+                match convert::service_with_warnings(&svc, &mut warnings) {
                     Ok(Converted::Object(svc)) => {
-                        self.accept(&at, ObjectKey::Service(svc.name.clone()), |set| {
+                        let key = ObjectKey::Service(svc.name.clone());
+                        self.accept(&at, key, warnings, |set| {
                             set.services.insert(svc.name.clone(), svc);
                         });
                     }
@@ -682,9 +811,11 @@ impl ManifestLoader {
                 else {
                     return;
                 };
-                match convert::endpoint_slice(&slice) {
+                let mut warnings = Vec::new();
+                match convert::endpoint_slice_with_warnings(&slice, &mut warnings) {
                     Ok(Converted::Object(slice)) => {
-                        self.accept(&at, ObjectKey::EndpointSlice(slice.name.clone()), |set| {
+                        let key = ObjectKey::EndpointSlice(slice.name.clone());
+                        self.accept(&at, key, warnings, |set| {
                             set.slices.insert(slice.name.clone(), slice);
                         });
                     }
@@ -697,9 +828,11 @@ impl ManifestLoader {
                 else {
                     return;
                 };
-                match convert::node(&node) {
+                let mut warnings = Vec::new();
+                match convert::node_with_warnings(&node, &mut warnings) {
                     Ok(node) => {
-                        self.accept(&at, ObjectKey::Node(node.name.clone()), |set| {
+                        let key = ObjectKey::Node(node.name.clone());
+                        self.accept(&at, key, warnings, |set| {
                             set.nodes.insert(node.name.clone(), node);
                         });
                     }
@@ -709,12 +842,28 @@ impl ManifestLoader {
         }
     }
 
-    /// Adds a validated object unless it was defined before (then it is a duplicate error).
-    fn accept(&mut self, at: &At<'_>, key: ObjectKey, insert: impl FnOnce(&mut ManifestSet)) {
+    /// Adds a validated object, with its conversion warnings, unless it was defined before
+    /// (then it is a duplicate error).
+    fn accept(
+        &mut self,
+        at: &At<'_>,
+        key: ObjectKey,
+        warnings: Vec<ConvertWarning>,
+        insert: impl FnOnce(&mut ManifestSet),
+    ) {
         if self.first_definition(at, key.clone()) {
             insert(&mut self.set);
             let entry = self.files.entry(at.file.to_path_buf()).or_default();
             entry.objects.insert(key);
+            for w in warnings {
+                self.warnings.push(ManifestError::new(
+                    at.file,
+                    Some(at.line),
+                    Some(at.label.clone()),
+                    Some(w.field),
+                    w.message,
+                ));
+            }
         }
     }
 
@@ -1006,7 +1155,10 @@ impl<'de> de::Visitor<'de> for ItemsVisitor {
 }
 
 fn ignored(at: &At<'_>, why: &str) {
-    debug!(file = %at.file.display(), line = at.line, object = %at.label, "ignoring object: {why}");
+    debug!(
+        file = %escape(&at.file.display().to_string()), line = at.line,
+        object = %Escaped(&at.label), "ignoring object: {why}"
+    );
 }
 
 /// `Service default/nginx-svc`, `Node k8s-master`, read from the untyped value so that errors
@@ -1116,6 +1268,72 @@ fn drop_hint_parts(text: &str, separators: &[&str]) -> String {
     kept.trim_end_matches([',', ';', '.', ' ']).to_string()
 }
 
+/// A run of bytes that are not UTF-8, replaced by one U+FFFD in the text [`lossy_text`] makes.
+struct BadBytes {
+    /// Byte offset of the replacement character in that text.
+    offset: usize,
+    /// 1-based line of the file where the run is.
+    line: usize,
+    /// The run's first byte.
+    byte: u8,
+}
+
+/// The file's content with every run of bytes that are not UTF-8 replaced by U+FFFD (as
+/// `String::from_utf8_lossy` does), and where each replacement is. A run never holds a line
+/// feed, so lines and document markers stay where they were.
+fn lossy_text(bytes: &[u8]) -> (String, Vec<BadBytes>) {
+    let mut text = String::with_capacity(bytes.len() + 8);
+    let mut bad = Vec::new();
+    let mut line = 1;
+    for chunk in bytes.utf8_chunks() {
+        text.push_str(chunk.valid());
+        line += chunk.valid().bytes().filter(|&b| b == b'\n').count();
+        if let Some(&byte) = chunk.invalid().first() {
+            bad.push(BadBytes {
+                offset: text.len(),
+                line,
+                byte,
+            });
+            text.push(char::REPLACEMENT_CHARACTER);
+        }
+    }
+    (text, bad)
+}
+
+/// What a skipped document seems to be, for its error.
+enum Described {
+    /// A `List` (or typed list) of this many items.
+    List(usize),
+    /// One Service, EndpointSlice or Node: its label (`Service default/web`).
+    Object(String),
+    /// Anything else, or what does not parse.
+    Unknown,
+}
+
+/// Reads a document only to say what is being skipped; nothing of it is loaded.
+fn describe_document(text: &str) -> Described {
+    let mut options = serde_saphyr::Options::default();
+    options.with_snippet = false;
+    options.budget = Some(budget_for(text.len()));
+    let Ok(parsed) = serde_saphyr::from_str_with_options::<ParsedDocument>(text, options) else {
+        return Described::Unknown;
+    };
+    let Value::Object(map) = &parsed.value else {
+        return Described::Unknown;
+    };
+    match map.get("kind").and_then(Value::as_str) {
+        Some("List" | "ServiceList" | "EndpointSliceList" | "NodeList") => Described::List(
+            map.get("items")
+                .and_then(Value::as_array)
+                .map_or(0, Vec::len),
+        ),
+        Some(kind @ ("Service" | "EndpointSlice" | "Node")) => {
+            Described::Object(object_label(kind, map))
+        }
+        _ => Described::Unknown,
+    }
+}
+
 /// Whether a line starts a document (`---`, optionally followed by a space and content).
 fn is_document_start(line: &str) -> bool {
     line == "---" || line.starts_with("--- ") || line.starts_with("---\t")
@@ -1144,6 +1362,7 @@ fn split_documents(text: &str) -> Vec<Document<'_>> {
             let number = docs.len() + 1;
             docs.push(Document {
                 text: &text[chunk.start..end],
+                offset: chunk.start,
                 first_line: chunk.first_line,
                 start_line,
                 number,

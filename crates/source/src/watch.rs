@@ -34,7 +34,8 @@
 //! from a watched directory, or an object from a file that still parses, deletes.
 //!
 //! Errors are passed on once: an error that the previous reload also found is not passed
-//! again; fixed and broken again, it is.
+//! again; fixed and broken again, it is. Warnings (an address with leading zeros, read as
+//! upstream reads it; see [`crate::convert`]) are logged (`WARN`) the same way, once.
 //!
 //! The `notify` library logs `unable to remove watch descriptor from inotify: ... Invalid
 //! argument` (at INFO, target `notify::inotify`) when a watched directory is deleted: the
@@ -54,8 +55,12 @@ use tracing::{debug, warn};
 
 use crate::SourceError;
 use crate::last_good::LastGood;
+<<<<<<< HEAD
 use crate::manifests::{Loaded, ManifestError, load_path_detailed};
 use crate::state_dir::StateDir;
+=======
+use crate::manifests::{Loaded, ManifestError, ManifestWarning, load_path_detailed};
+>>>>>>> wt-input
 
 /// How long the path must be quiet after a change before it is reloaded, so that an editor's
 /// burst of writes (or a ConfigMap's symlink swap) is read once, complete.
@@ -176,10 +181,14 @@ pub async fn watch_manifests_with(
         })?;
 
     let mut loaded = load_and_watch(&path, &mut watches).await;
+<<<<<<< HEAD
     if let Some(sd) = &opts.state_dir {
         sd.save_good(&loaded);
         sd.restore(&mut loaded);
     }
+=======
+    let mut warned = log_warnings(std::mem::take(&mut loaded.warnings), &HashSet::new());
+>>>>>>> wt-input
     let (mut state, errs) = LastGood::first(loaded);
     for e in &errs {
         errors(e);
@@ -225,6 +234,12 @@ pub async fn watch_manifests_with(
         for n in &notices {
             warn!("{n}");
         }
+<<<<<<< HEAD
+=======
+        let mut loaded = load_and_watch(&path, &mut watches).await;
+        warned = log_warnings(std::mem::take(&mut loaded.warnings), &warned);
+        let (next, errs) = state.merge(loaded);
+>>>>>>> wt-input
         let fresh: HashSet<ManifestError> = errs.into_iter().collect();
         let mut new_errors: Vec<&ManifestError> = fresh.difference(&reported).collect();
         new_errors.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
@@ -244,6 +259,7 @@ pub async fn watch_manifests_with(
     }
 }
 
+<<<<<<< HEAD
 /// Sleeps until `deadline`, or forever without one.
 async fn sleep_until_opt(deadline: Option<std::time::Instant>) {
     match deadline {
@@ -265,6 +281,17 @@ fn recently_written(loaded: &Loaded, within: Duration) -> Option<Duration> {
             within.checked_sub(age).filter(|left| !left.is_zero())
         })
         .max()
+=======
+/// Logs the warnings of a load that the previous load did not have; returns this load's.
+fn log_warnings(
+    warnings: Vec<ManifestWarning>,
+    previous: &HashSet<ManifestWarning>,
+) -> HashSet<ManifestWarning> {
+    for w in warnings.iter().filter(|w| !previous.contains(*w)) {
+        warn!("{w}");
+    }
+    warnings.into_iter().collect()
+>>>>>>> wt-input
 }
 
 /// Waits until no change has been seen for [`DEBOUNCE`], or [`MAX_DEBOUNCE`] has passed.

@@ -196,6 +196,11 @@ async fn initial_lists_send_upserts_then_synced_for_each_kind() {
         80,
         json!({"service.kubernetes.io/service-proxy-name": "cilium"}),
     );
+    let headless_service = service(
+        "headless",
+        80,
+        json!({"service.kubernetes.io/headless": ""}),
+    );
     let mut external: core::Service = service("ext", 80, json!({}));
     if let Some(spec) = external.spec.as_mut() {
         spec.type_ = Some("ExternalName".into());
@@ -214,7 +219,7 @@ async fn initial_lists_send_upserts_then_synced_for_each_kind() {
     fqdn.endpoints[0].addresses = vec!["pod.example.com".into()];
     let me = node(NODE, "z1");
     let server = TestApiServer::start().await.expect("server");
-    for s in [&web, &other_proxy, &external] {
+    for s in [&web, &other_proxy, &headless_service, &external] {
         server.upsert(s).expect("upsert");
     }
     for s in [&web_slice, &headless, &fqdn] {
@@ -253,8 +258,9 @@ async fn initial_lists_send_upserts_then_synced_for_each_kind() {
             .unwrap_or_default()
     };
     assert!(
-        uri_of(ApiKind::Service)
-            .contains("labelSelector=%21service.kubernetes.io%2Fservice-proxy-name"),
+        uri_of(ApiKind::Service).contains(
+            "labelSelector=%21service.kubernetes.io%2Fheadless%2C%21service.kubernetes.io%2Fservice-proxy-name"
+        ),
         "{}",
         uri_of(ApiKind::Service)
     );

@@ -1,8 +1,14 @@
 //! [`Tracker`]: objects in, per-family snapshots and change sets out.
+//!
+//! As it rebuilds a Service, the tracker also warns (once per conflict; see [`claims`]) when
+//! two Services claim the same destination: IP, port and protocol, or node port.
+
+mod claims;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
+use claims::{Claims, Destination, Name, Role};
 use kp_model::{
     Changes, Endpoint, EndpointSlice, Interner, IpFamily, NamespacedName, Node, ObjectKind,
     Protocol, Service, ServicePortInfo, ServicePortName, ServiceType, SliceAddressType, Snapshot,
@@ -57,6 +63,9 @@ pub struct Tracker {
     seen_other_nodes: bool,
     /// The missing-Node warning was given.
     warned_no_node: bool,
+    /// The destinations each proxied Service claims, to warn once about two Services
+    /// claiming the same one.
+    claims: Claims,
 }
 
 /// How many Services have changes waiting for the next sync, by what changed; a Service whose
@@ -91,6 +100,7 @@ impl Tracker {
             trigger_times: Vec::new(),
             seen_other_nodes: false,
             warned_no_node: false,
+            claims: Claims::default(),
         }
     }
 
@@ -356,9 +366,11 @@ impl Tracker {
             }
         }
         let Some(svc) = self.services.get(name) else {
+            self.claim(name, Vec::new());
             return;
         };
         let infos = service_port_infos(svc, self.family);
+        self.claim(name, claims::destinations(&infos));
         if infos.is_empty() {
             return;
         }
@@ -374,6 +386,16 @@ impl Tracker {
                 current.endpoints.insert(spn.clone(), eps.into());
             }
             current.services.insert(spn, Arc::new(info));
+        }
+    }
+}
+
+impl Tracker {
+    /// Records what `name` claims now, and warns about each conflict with another Service
+    /// that was not warned about before.
+    fn claim(&mut self, name: &NamespacedName, destinations: Vec<(Destination, Role)>) {
+        for conflict in self.claims.set(name, destinations) {
+            tracing::warn!(family = %self.family, "{conflict}");
         }
     }
 }
@@ -473,17 +495,17 @@ fn warn_wrong_family(svc: &Service) {
     };
     for (i, ip) in svc.external_ips.iter().enumerate() {
         if !served(ip) {
-            tracing::warn!(service = %svc.name, "spec.externalIPs[{i}] {ip} is not of the Service's IP family; ignored");
+            tracing::warn!(service = %Name(&svc.name), "spec.externalIPs[{i}] {ip} is not of the Service's IP family; ignored");
         }
     }
     for (i, ing) in svc.load_balancer_ingress.iter().enumerate() {
         if !served(&ing.ip) {
-            tracing::warn!(service = %svc.name, "status.loadBalancer.ingress[{i}].ip {} is not of the Service's IP family; ignored", ing.ip);
+            tracing::warn!(service = %Name(&svc.name), "status.loadBalancer.ingress[{i}].ip {} is not of the Service's IP family; ignored", ing.ip);
         }
     }
     for (i, net) in svc.load_balancer_source_ranges.iter().enumerate() {
         if !served(&net.addr()) {
-            tracing::warn!(service = %svc.name, "spec.loadBalancerSourceRanges[{i}] {net} is not of the Service's IP family; ignored");
+            tracing::warn!(service = %Name(&svc.name), "spec.loadBalancerSourceRanges[{i}] {net} is not of the Service's IP family; ignored");
         }
     }
 }

@@ -162,6 +162,8 @@ impl Probe {
 
     /// A request of this kind failed.
     pub(crate) fn failure(&self, error: String) {
+        // The text can quote the server's answer: keep control characters out of the logs.
+        let error = kp_model::escape(&error).into_owned();
         self.health.set(self.kind, Err(error));
     }
 }

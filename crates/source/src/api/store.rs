@@ -5,10 +5,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use kp_model::{EndpointSlice, Node, ObjectKind, Service, SourceEvent};
+use kp_model::{EndpointSlice, Escaped, Node, ObjectKind, Service, SourceEvent};
 
 use super::ApiObjectError;
 use crate::SourceError;
+use crate::convert::ConvertWarning;
 use crate::manifests::ObjectKey;
 
 /// A converted object type the store can deliver.
@@ -35,6 +36,14 @@ impl Model for Node {
     }
 }
 
+/// Logs the conversion warnings of an object being delivered, one line each:
+/// `Service default/web: spec.clusterIP: "172.30.0.041" has leading zeros; ...`.
+fn log_warnings(key: &ObjectKey, warnings: &[ConvertWarning]) {
+    for w in warnings {
+        tracing::warn!("{key}: {}", Escaped(&w.to_string()));
+    }
+}
+
 /// The delete event for `key`.
 fn delete_event(key: &ObjectKey) -> SourceEvent {
     match key {
@@ -47,8 +56,9 @@ fn delete_event(key: &ObjectKey) -> SourceEvent {
 /// What [`crate::convert`] made of one API object.
 #[derive(Debug)]
 pub(crate) enum Outcome<M> {
-    /// Valid: deliver it.
-    Valid(M),
+    /// Valid: deliver it; the warnings are logged when it is delivered (not again while it
+    /// stays the same).
+    Valid(M, Vec<ConvertWarning>),
     /// Not for this proxy (the reason, for the debug log): never delivered.
     Ignored(String),
     /// Invalid: keep the last valid version, if any.
@@ -58,7 +68,7 @@ pub(crate) enum Outcome<M> {
 /// A listed object, while a (re)list is being collected.
 #[derive(Debug)]
 enum Listed<M> {
-    Valid(M),
+    Valid(M, Vec<ConvertWarning>),
     /// Listed but invalid: its last valid version (if any) stays.
     Invalid,
 }
@@ -103,11 +113,12 @@ impl<M: Model> Store<M> {
         errors: &dyn Fn(&ApiObjectError),
     ) -> Vec<SourceEvent> {
         match outcome {
-            Outcome::Valid(object) => {
+            Outcome::Valid(object, warnings) => {
                 self.reported.remove(&key);
                 if self.delivered.get(&key) == Some(&object) {
                     return Vec::new();
                 }
+                log_warnings(&key, &warnings);
                 self.delivered.insert(key, object.clone());
                 vec![object.upsert()]
             }
@@ -140,7 +151,7 @@ impl<M: Model> Store<M> {
         errors: &dyn Fn(&ApiObjectError),
     ) {
         let listed = match outcome {
-            Outcome::Valid(object) => Listed::Valid(object),
+            Outcome::Valid(object, warnings) => Listed::Valid(object, warnings),
             Outcome::Ignored(why) => {
                 tracing::debug!(object = %key, reason = %why, "ignoring object");
                 return;
@@ -166,8 +177,11 @@ impl<M: Model> Store<M> {
         let mut next: BTreeMap<ObjectKey, M> = BTreeMap::new();
         for (key, entry) in listed {
             match entry {
-                Listed::Valid(object) => {
+                Listed::Valid(object, warnings) => {
                     self.reported.remove(&key);
+                    if self.delivered.get(&key) != Some(&object) {
+                        log_warnings(&key, &warnings);
+                    }
                     next.insert(key, object);
                 }
                 Listed::Invalid => {
@@ -263,9 +277,9 @@ mod tests {
         let errs = RefCell::new(Vec::new());
         let report = |e: &ApiObjectError| errs.borrow_mut().push(e.to_string());
         let mut store = Store::new(ObjectKind::Node);
-        store.list_apply(key("a"), Outcome::Valid(Obj("a", 1)), &report);
-        store.list_apply(key("b"), Outcome::Valid(Obj("b", 1)), &report);
-        store.list_apply(key("c"), Outcome::Valid(Obj("c", 1)), &report);
+        store.list_apply(key("a"), Outcome::Valid(Obj("a", 1), Vec::new()), &report);
+        store.list_apply(key("b"), Outcome::Valid(Obj("b", 1), Vec::new()), &report);
+        store.list_apply(key("c"), Outcome::Valid(Obj("c", 1), Vec::new()), &report);
         assert_eq!(
             store.list_done(),
             vec![
@@ -276,9 +290,9 @@ mod tests {
             ]
         );
         // Relist: a unchanged, b changed, c gone, d new.
-        store.list_apply(key("a"), Outcome::Valid(Obj("a", 1)), &report);
-        store.list_apply(key("b"), Outcome::Valid(Obj("b", 2)), &report);
-        store.list_apply(key("d"), Outcome::Valid(Obj("d", 1)), &report);
+        store.list_apply(key("a"), Outcome::Valid(Obj("a", 1), Vec::new()), &report);
+        store.list_apply(key("b"), Outcome::Valid(Obj("b", 2), Vec::new()), &report);
+        store.list_apply(key("d"), Outcome::Valid(Obj("d", 1), Vec::new()), &report);
         assert_eq!(
             store.list_done(),
             vec![up("b", 2), up("d", 1), SourceEvent::NodeDelete("c".into())]
@@ -301,7 +315,7 @@ mod tests {
         let report = |e: &ApiObjectError| errs.borrow_mut().push(e.to_string());
         let mut store = Store::new(ObjectKind::Node);
         assert_eq!(
-            store.apply(key("a"), Outcome::Valid(Obj("a", 1)), &report),
+            store.apply(key("a"), Outcome::Valid(Obj("a", 1), Vec::new()), &report),
             vec![up("a", 1)]
         );
         assert!(store.apply(key("a"), bad(), &report).is_empty());
@@ -324,7 +338,7 @@ mod tests {
         assert_eq!(errs.borrow().len(), 2);
         // Fixed: delivered.
         assert_eq!(
-            store.apply(key("a"), Outcome::Valid(Obj("a", 2)), &report),
+            store.apply(key("a"), Outcome::Valid(Obj("a", 2), Vec::new()), &report),
             vec![up("a", 2)]
         );
     }
@@ -335,12 +349,20 @@ mod tests {
         let mut store = Store::new(ObjectKind::Service);
         let svc = ObjectKey::Service(NamespacedName::new("default", "web"));
         assert_eq!(
-            store.apply(svc.clone(), Outcome::Valid(Obj("web", 1)), &report),
+            store.apply(
+                svc.clone(),
+                Outcome::Valid(Obj("web", 1), Vec::new()),
+                &report
+            ),
             vec![up("web", 1)]
         );
         assert!(
             store
-                .apply(svc.clone(), Outcome::Valid(Obj("web", 1)), &report)
+                .apply(
+                    svc.clone(),
+                    Outcome::Valid(Obj("web", 1), Vec::new()),
+                    &report
+                )
                 .is_empty()
         );
         assert_eq!(
@@ -356,7 +378,7 @@ mod tests {
     fn an_aborted_list_is_forgotten() {
         let report = |_: &ApiObjectError| {};
         let mut store = Store::new(ObjectKind::Node);
-        store.list_apply(key("a"), Outcome::Valid(Obj("a", 1)), &report);
+        store.list_apply(key("a"), Outcome::Valid(Obj("a", 1), Vec::new()), &report);
         store.abort_list();
         assert_eq!(
             store.list_done(),

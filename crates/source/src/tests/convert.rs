@@ -447,7 +447,7 @@ fn slice_defaults_and_fields() {
 
 #[test]
 fn ignored_objects() {
-    // FQDN slices and slices of headless or other proxies' Services: ignored, not errors.
+    // FQDN slices, objects labelled headless, and other proxies' objects: ignored, not errors.
     let fqdn = slice_yaml("endpoints:\n- addresses: [example.com]\n")
         .replace("addressType: IPv4", "addressType: FQDN");
     let headless = slice_yaml("endpoints: []\n").replace(
@@ -462,7 +462,18 @@ fn ignored_objects() {
         "metadata:\n",
         "metadata:\n  labels:\n    service.kubernetes.io/service-proxy-name: x\n",
     );
-    for text in [fqdn, headless, other_proxy_slice, other_proxy_service] {
+    // Upstream's Service informer has the headless label in its selector too.
+    let headless_service = service_yaml(PORT).replace(
+        "metadata:\n",
+        "metadata:\n  labels:\n    service.kubernetes.io/headless: \"\"\n",
+    );
+    for text in [
+        fqdn,
+        headless,
+        other_proxy_slice,
+        other_proxy_service,
+        headless_service,
+    ] {
         let (set, errors) = parse(&text);
         assert!(
             errors.is_empty() && set.is_empty(),

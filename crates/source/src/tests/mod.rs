@@ -1,7 +1,8 @@
 //! Unit tests of the crate: validation messages, manifest loading, diffs, the last good state
-//! kept across bad edits, and the watcher.
+//! kept across bad edits, the watcher, and input handled as upstream handles it.
 
 mod convert;
+mod input;
 mod last_good;
 mod manifests;
 mod watch;

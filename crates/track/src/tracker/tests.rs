@@ -452,4 +452,186 @@ fn changed_slices_report_their_trigger_times() {
     t.apply(SourceEvent::SliceUpsert(v6));
     let (_, changes) = t.checkout();
     assert!(changes.trigger_times.is_empty(), "another family's slice");
+
+/// Runs `f` with a subscriber that records every event as `LEVEL message field=value...`.
+fn logged<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+    use std::fmt::Write as _;
+    use std::sync::{Arc, Mutex};
+
+    struct Capture(Arc<Mutex<Vec<String>>>);
+    struct Line(String);
+    impl tracing::field::Visit for Line {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" {
+                let _ = write!(self.0, " {value:?}");
+            } else {
+                let _ = write!(self.0, " {}={value:?}", field.name());
+            }
+        }
+    }
+    impl tracing::Subscriber for Capture {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            let mut line = Line(event.metadata().level().to_string());
+            event.record(&mut line);
+            self.0.lock().unwrap().push(line.0);
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    let out = tracing::subscriber::with_default(Capture(lines.clone()), f);
+    let lines = lines.lock().unwrap().clone();
+    (out, lines)
+}
+
+fn conflicts(lines: &[String]) -> Vec<&String> {
+    lines.iter().filter(|l| l.contains("both claim")).collect()
+}
+
+#[test]
+fn services_claiming_one_destination_are_warned_about_once() {
+    let mut t = Tracker::new(IpFamily::V4, "n1");
+    synced(&mut t);
+    let (_, lines) = logged(|| {
+        t.apply(SourceEvent::ServiceUpsert(svc(
+            "a",
+            "10.96.0.10",
+            &[("", 80)],
+        )));
+        t.apply(SourceEvent::ServiceUpsert(svc(
+            "b",
+            "10.96.0.10",
+            &[("", 80)],
+        )));
+        // Same IP, another port: no conflict.
+        t.apply(SourceEvent::ServiceUpsert(svc(
+            "c",
+            "10.96.0.10",
+            &[("", 81)],
+        )));
+        t.checkout();
+    });
+    assert_eq!(
+        conflicts(&lines),
+        [
+            "WARN Services default/a and default/b both claim 10.96.0.10:80/TCP (the cluster IP \
+             of default/a, the cluster IP of default/b); only one of them receives its traffic \
+             family=IPv4"
+        ],
+        "{lines:#?}"
+    );
+
+    // Not again: not at the next syncs, nor when b changes without ending the conflict.
+    let (_, lines) = logged(|| {
+        t.checkout();
+        let mut b = svc("b", "10.96.0.10", &[("", 80)]);
+        b.external_ips = vec![ip("192.0.2.1")];
+        t.apply(SourceEvent::ServiceUpsert(b));
+        t.checkout();
+        t.checkout();
+    });
+    assert!(conflicts(&lines).is_empty(), "{lines:#?}");
+
+    // An external IP equal to another Service's cluster IP, same port: a new conflict.
+    let (_, lines) = logged(|| {
+        let mut d = svc("d", "10.96.0.20", &[("", 81)]);
+        d.external_ips = vec![ip("10.96.0.10")];
+        t.apply(SourceEvent::ServiceUpsert(d));
+        t.checkout();
+    });
+    assert_eq!(
+        conflicts(&lines),
+        [
+            "WARN Services default/c and default/d both claim 10.96.0.10:81/TCP (the cluster IP \
+             of default/c, an external IP of default/d); only one of them receives its traffic \
+             family=IPv4"
+        ],
+        "{lines:#?}"
+    );
+
+    // The conflict ends (b deleted) and comes back: warned again.
+    let (_, lines) = logged(|| {
+        t.apply(SourceEvent::ServiceDelete(NamespacedName::new(
+            "default", "b",
+        )));
+        t.checkout();
+        t.apply(SourceEvent::ServiceUpsert(svc(
+            "b",
+            "10.96.0.10",
+            &[("", 80)],
+        )));
+        t.checkout();
+    });
+    assert_eq!(conflicts(&lines).len(), 1, "{lines:#?}");
+    assert!(
+        conflicts(&lines)[0].contains("default/a and default/b"),
+        "{lines:#?}"
+    );
+}
+
+#[test]
+fn node_port_and_load_balancer_conflicts() {
+    let mut t = Tracker::new(IpFamily::V4, "n1");
+    synced(&mut t);
+    let lb = |name: &str, cluster_ip: &str, vip: &str, node_port: u16| {
+        let mut s = svc(name, cluster_ip, &[("", 443)]);
+        s.service_type = ServiceType::LoadBalancer;
+        s.ports[0].node_port = Some(node_port);
+        s.load_balancer_ingress = vec![kp_model::LoadBalancerIngress {
+            ip: ip(vip),
+            ip_mode: kp_model::LoadBalancerIpMode::Vip,
+        }];
+        s
+    };
+    let (_, lines) = logged(|| {
+        t.apply(SourceEvent::ServiceUpsert(lb(
+            "x",
+            "10.96.0.1",
+            "203.0.113.7",
+            30443,
+        )));
+        t.apply(SourceEvent::ServiceUpsert(lb(
+            "y",
+            "10.96.0.2",
+            "203.0.113.7",
+            30443,
+        )));
+        t.checkout();
+    });
+    let found = conflicts(&lines);
+    assert_eq!(found.len(), 2, "{lines:#?}");
+    assert!(
+        found
+            .iter()
+            .any(|l| l.contains("203.0.113.7:443/TCP (a load-balancer IP of default/x")),
+        "{lines:#?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|l| l.contains("node port 30443/TCP (a node port of default/x")),
+        "{lines:#?}"
+    );
+    // Headless and other-family Services claim nothing.
+    let (_, lines) = logged(|| {
+        let mut h = svc("h", "10.96.0.1", &[("", 443)]);
+        h.headless = true;
+        h.cluster_ips.clear();
+        t.apply(SourceEvent::ServiceUpsert(h));
+        t.apply(SourceEvent::ServiceUpsert(svc(
+            "v6",
+            "fd00::1",
+            &[("", 443)],
+        )));
+        t.checkout();
+    });
+    assert!(conflicts(&lines).is_empty(), "{lines:#?}");
 }
