@@ -25,8 +25,7 @@
 //! - **Deleting is still possible.** Deleting a file from a watched directory that still exists
 //!   deletes the objects it defined; removing an object from a file that still parses deletes
 //!   it; so does giving it a kind or `apiVersion` kube-proxy-rs does not read, or a
-<<<<<<< HEAD
-//!   `service.kubernetes.io/service-proxy-name` label.
+//!   `service.kubernetes.io/service-proxy-name` or `service.kubernetes.io/headless` label.
 //! - **A file rewritten in place keeps its objects for a grace period.** A file that is still
 //!   there but became empty, or lost every object it had (`kubectl get -o yaml > file`
 //!   truncates first), keeps them for the grace period of [`LastGood::merge_at`], with a
@@ -34,11 +33,6 @@
 //! - **The first load has no last good state** in memory: invalid objects are skipped, and
 //!   broken files contribute what they can, completed from their last good copy on disk when
 //!   the watcher has a state directory ([`crate::state_dir`]).
-=======
-//!   `service.kubernetes.io/service-proxy-name` or `service.kubernetes.io/headless` label.
-//! - **The first load has no last good state**: invalid objects are skipped, and broken files
-//!   contribute what they can.
->>>>>>> wt-input
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -55,12 +55,8 @@ use tracing::{debug, warn};
 
 use crate::SourceError;
 use crate::last_good::LastGood;
-<<<<<<< HEAD
-use crate::manifests::{Loaded, ManifestError, load_path_detailed};
-use crate::state_dir::StateDir;
-=======
 use crate::manifests::{Loaded, ManifestError, ManifestWarning, load_path_detailed};
->>>>>>> wt-input
+use crate::state_dir::StateDir;
 
 /// How long the path must be quiet after a change before it is reloaded, so that an editor's
 /// burst of writes (or a ConfigMap's symlink swap) is read once, complete.
@@ -181,14 +177,11 @@ pub async fn watch_manifests_with(
         })?;
 
     let mut loaded = load_and_watch(&path, &mut watches).await;
-<<<<<<< HEAD
     if let Some(sd) = &opts.state_dir {
         sd.save_good(&loaded);
         sd.restore(&mut loaded);
     }
-=======
     let mut warned = log_warnings(std::mem::take(&mut loaded.warnings), &HashSet::new());
->>>>>>> wt-input
     let (mut state, errs) = LastGood::first(loaded);
     for e in &errs {
         errors(e);
@@ -227,6 +220,7 @@ pub async fn watch_manifests_with(
             while notify_rx.try_recv().is_ok() {}
             loaded = load_and_watch(&path, &mut watches).await;
         }
+        warned = log_warnings(std::mem::take(&mut loaded.warnings), &warned);
         if let Some(sd) = &opts.state_dir {
             sd.save_good(&loaded);
         }
@@ -234,12 +228,6 @@ pub async fn watch_manifests_with(
         for n in &notices {
             warn!("{n}");
         }
-<<<<<<< HEAD
-=======
-        let mut loaded = load_and_watch(&path, &mut watches).await;
-        warned = log_warnings(std::mem::take(&mut loaded.warnings), &warned);
-        let (next, errs) = state.merge(loaded);
->>>>>>> wt-input
         let fresh: HashSet<ManifestError> = errs.into_iter().collect();
         let mut new_errors: Vec<&ManifestError> = fresh.difference(&reported).collect();
         new_errors.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
@@ -259,7 +247,6 @@ pub async fn watch_manifests_with(
     }
 }
 
-<<<<<<< HEAD
 /// Sleeps until `deadline`, or forever without one.
 async fn sleep_until_opt(deadline: Option<std::time::Instant>) {
     match deadline {
@@ -281,7 +268,8 @@ fn recently_written(loaded: &Loaded, within: Duration) -> Option<Duration> {
             within.checked_sub(age).filter(|left| !left.is_zero())
         })
         .max()
-=======
+}
+
 /// Logs the warnings of a load that the previous load did not have; returns this load's.
 fn log_warnings(
     warnings: Vec<ManifestWarning>,
@@ -291,7 +279,6 @@ fn log_warnings(
         warn!("{w}");
     }
     warnings.into_iter().collect()
->>>>>>> wt-input
 }
 
 /// Waits until no change has been seen for [`DEBOUNCE`], or [`MAX_DEBOUNCE`] has passed.
