@@ -452,6 +452,7 @@ fn changed_slices_report_their_trigger_times() {
     t.apply(SourceEvent::SliceUpsert(v6));
     let (_, changes) = t.checkout();
     assert!(changes.trigger_times.is_empty(), "another family's slice");
+}
 
 /// Runs `f` with a subscriber that records every event as `LEVEL message field=value...`.
 fn logged<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
