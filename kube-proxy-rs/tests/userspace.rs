@@ -259,6 +259,17 @@ fn a_refusing_or_black_holed_endpoint_is_retried_on_the_next() {
 
     // be1 refuses (its server is gone: RST): every request still succeeds, on be0.
     drop(servers.pop());
+    // Until its listening socket is gone, the kernel may still complete a handshake for it.
+    let gone = kp_testkit::wait_for(
+        || {
+            node.in_ns(|| {
+                TcpStream::connect_timeout(&addr("10.0.1.2:80"), Duration::from_secs(1)).is_err()
+            })
+            .unwrap_or(false)
+        },
+        Duration::from_secs(5),
+    );
+    assert!(gone.is_ok(), "be1 still accepts connections");
     let c = counts(http_get_many(topology.client(), addr(NODE_PORT), 20, t));
     assert_eq!(answered(&c, "be0"), 20, "{c:?}");
     let failures = metric(
@@ -476,6 +487,11 @@ fn a_thousand_concurrent_connections_and_file_descriptors_back_to_baseline() {
             "default/web",
         ) == Some(1000.0)
     });
+    // Each relayed connection holds 2 sockets and 4 pipe ends once its backend answered.
+    proxy.wait_until(
+        "the relayed connections hold their sockets and pipes",
+        || open_fds(pid) >= baseline + 5000,
+    );
     let during = open_fds(pid);
     let mut answered_by = std::collections::BTreeMap::<String, usize>::new();
     for s in &mut conns {
