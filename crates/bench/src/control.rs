@@ -12,6 +12,14 @@
 //! the proxier is [`IpvsProxier`] with its real adapters (IPVS over generic netlink,
 //! kube-ipvs0 over rtnetlink, `ipset`, `iptables-legacy-restore`), opened inside the
 //! namespace; the "save" column is `ipvsadm -S -n` of the loaded table.
+//!
+//! Userspace mode ([`Mode::Userspace`]): the payload is the portal rules of a first sync
+//! against fakes ([`crate::userspace::userspace_payload`]: no kernel, no sockets); the floor
+//! is `iptables-legacy-restore --noflush --counters` of it; the proxier is
+//! [`crate::userspace::UserspaceBench`], so its syncs include opening (and closing) the
+//! relay's listening sockets in the namespace, one per Service port. An endpoint change
+//! only updates the relay (no rule changes, nothing restored: 0 bytes). There is no save
+//! column. [`Mode::Direct`] has no control plane.
 
 use std::collections::BTreeSet;
 use std::process::{Command, Stdio};
@@ -27,6 +35,7 @@ use kp_proxier::nftables::{NftablesConfig, NftablesProxier};
 use kp_proxier::{FakeHost, LocalDetector, NodePortAddresses, Proxier, SyncReport};
 use serde::{Deserialize, Serialize};
 
+use crate::userspace::{RelayThreads, UserspaceBench};
 use crate::{Mode, pod_cidr, scale_service, scale_snapshot, v4};
 
 /// The outcome of one timed step.
@@ -202,10 +211,28 @@ pub(crate) fn proxier_in(
     timeout: Duration,
     cluster_cidr: &str,
 ) -> anyhow::Result<Box<dyn Proxier>> {
+    Ok(proxier_with_relay_in(mode, ns, timeout, cluster_cidr)?.0)
+}
+
+/// [`proxier_in`], and for userspace mode the threads of its relay's runtime (whose CPU the
+/// datapath counts as the proxy's).
+pub(crate) fn proxier_with_relay_in(
+    mode: Mode,
+    ns: &kp_testkit::Netns,
+    timeout: Duration,
+    cluster_cidr: &str,
+) -> anyhow::Result<(Box<dyn Proxier>, Option<RelayThreads>)> {
     let exec: Arc<dyn Exec> = Arc::new(SystemExec::with_prefix(ns_prefix(ns, timeout)));
-    let detector = LocalDetector::Cidrs(vec![cluster_cidr.parse().unwrap_or_else(|_| pod_cidr())]);
+    let cidr = cluster_cidr.parse().unwrap_or_else(|_| pod_cidr());
+    let detector = LocalDetector::Cidrs(vec![cidr]);
     let host = Arc::new(FakeHost::default());
-    Ok(match mode {
+    let proxier: Box<dyn Proxier> = match mode {
+        Mode::Userspace => {
+            let p = UserspaceBench::new(ns, exec, cidr)?;
+            let threads = p.relay_threads();
+            return Ok((Box::new(p), Some(threads)));
+        }
+        Mode::Direct => anyhow::bail!("the direct baseline has no proxier"),
         Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesNftZero => {
             let backend = if mode == Mode::IptablesLegacy {
                 Backend::Legacy
@@ -268,7 +295,8 @@ pub(crate) fn proxier_in(
                 host,
             )?)
         }
-    })
+    };
+    Ok((proxier, None))
 }
 
 /// The sysctls the IPVS proxier sets at start (its host is a fake here), set inside `ns`
@@ -369,6 +397,8 @@ pub fn floor_argv(mode: Mode) -> Vec<&'static str> {
         }
         Mode::Nftables => vec!["nft", "-f", "-"],
         Mode::Ipvs => vec!["ipvsadm", "--restore"],
+        Mode::Userspace => vec!["iptables-legacy-restore", "--noflush", "--counters"],
+        Mode::Direct => vec!["true"],
     }
 }
 
@@ -514,7 +544,7 @@ pub fn control_point(
         if mode == Mode::Ipvs {
             let (t, _) = tool_in(&ns, &["ipvsadm", "-S", "-n"], b"", timeout);
             saves.push(t);
-        } else if mode != Mode::Nftables {
+        } else if mode.is_iptables() {
             let save = if mode == Mode::IptablesLegacy {
                 "iptables-legacy-save"
             } else {
@@ -572,7 +602,7 @@ pub fn control_point(
         resync_bytes,
         save_tool: if saves.is_empty() {
             Timed::Skipped {
-                reason: "nftables mode, or nothing loaded".into(),
+                reason: "not iptables or IPVS mode, or nothing loaded".into(),
             }
         } else {
             median_timed(&saves)

@@ -12,12 +12,19 @@
 //!
 //! `kp-bench all` runs the whole suite side by side for every mode: [`control`] (render,
 //! kernel load, syncs, one-Service changes, RSS), [`datapath`] (new-connection latency,
-//! requests per second, CPU per connection through a ClusterIP) and writes JSON, Markdown
-//! and SVG charts ([`report`]).
+//! requests per second, CPU per connection, bulk throughput through a ClusterIP) and writes
+//! JSON, Markdown and SVG charts ([`report`]).
+//!
+//! Userspace mode ([`Mode::Userspace`], [`userspace`]) runs its `kp-relay` inside the
+//! benchmark process, on a runtime whose threads are in the node namespace; the
+//! [`Mode::Direct`] pseudo-mode is the baseline every mode is compared with: the client
+//! connects to the backend pods directly, in the same topology and run.
 
 pub mod control;
 pub mod datapath;
 pub mod report;
+pub mod stream;
+pub mod userspace;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, Ipv4Addr};
@@ -58,31 +65,44 @@ pub enum Mode {
     /// `ipset restore`, and a fixed handful of rules through `iptables-legacy-restore`. Needs
     /// a kernel with IPVS and dummy links (the qemu guest of [`kp_testkit::vm`] here).
     Ipvs,
+    /// Userspace mode: a `kp-relay` proxy socket per Service port (tokio tasks, `splice(2)`
+    /// through a pipe per direction, [`userspace::NsRelay`]) and iptables nat `REDIRECT`
+    /// portals through `iptables-legacy-restore`.
+    Userspace,
+    /// Not a proxy mode: the baseline. The client connects straight to the backend pods'
+    /// IP:port (round robin over the ten backends, client side); no Service, no rules, no
+    /// control plane.
+    Direct,
 }
 
 impl Mode {
-    /// Every mode, in report order.
-    pub const ALL: [Mode; 5] = [
+    /// Every mode, in report order (the [`Mode::Direct`] baseline last).
+    pub const ALL: [Mode; 7] = [
         Mode::IptablesLegacy,
         Mode::IptablesNft,
         Mode::IptablesNftZero,
         Mode::Nftables,
         Mode::Ipvs,
+        Mode::Userspace,
+        Mode::Direct,
     ];
 
-    /// The modes any kernel with netfilter can run (every mode but [`Mode::Ipvs`]): the
-    /// default of `kp-bench all` on a host without IPVS.
-    pub const HOST: [Mode; 4] = [
+    /// The modes any kernel with netfilter can run (every mode but [`Mode::Ipvs`]), and the
+    /// [`Mode::Direct`] baseline: the default of `kp-bench all` on a host without IPVS.
+    pub const HOST: [Mode; 6] = [
         Mode::IptablesLegacy,
         Mode::IptablesNft,
         Mode::IptablesNftZero,
         Mode::Nftables,
+        Mode::Userspace,
+        Mode::Direct,
     ];
 
     /// The modes `kp-bench vm` compares inside the guest: one of each kind.
     pub const VM: [Mode; 3] = [Mode::IptablesLegacy, Mode::Nftables, Mode::Ipvs];
 
-    /// `iptables-legacy`, `iptables-nft`, `iptables-nft-zero`, `nftables`, `ipvs`.
+    /// `iptables-legacy`, `iptables-nft`, `iptables-nft-zero`, `nftables`, `ipvs`,
+    /// `userspace`, `direct`.
     pub fn label(self) -> &'static str {
         match self {
             Mode::IptablesLegacy => "iptables-legacy",
@@ -90,7 +110,15 @@ impl Mode {
             Mode::IptablesNftZero => "iptables-nft-zero",
             Mode::Nftables => "nftables",
             Mode::Ipvs => "ipvs",
+            Mode::Userspace => "userspace",
+            Mode::Direct => "direct",
         }
+    }
+
+    /// Whether the mode programs anything (every mode but the [`Mode::Direct`] baseline,
+    /// which has no control plane).
+    pub fn has_rules(self) -> bool {
+        self != Mode::Direct
     }
 
     /// Whether this is iptables mode (any backend).
@@ -108,7 +136,8 @@ impl Mode {
 }
 
 /// Renders the cold full payload of `mode` for `snap` (a node without our rules) and the time
-/// it took (render plus payload text, no kernel).
+/// it took (render plus payload text, no kernel). Userspace mode: the portal rules of a first
+/// sync against fakes ([`userspace::userspace_payload`]); [`Mode::Direct`]: nothing.
 pub fn render_payload(mode: Mode, snap: &Snapshot) -> (String, Duration) {
     match mode {
         Mode::Nftables => render_fresh(snap),
@@ -116,6 +145,8 @@ pub fn render_payload(mode: Mode, snap: &Snapshot) -> (String, Duration) {
             let (p, took) = ipvs_payload(snap);
             (p.text(), took)
         }
+        Mode::Userspace => userspace::userspace_payload(snap),
+        Mode::Direct => (String::new(), Duration::ZERO),
         Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesNftZero => {
             let cfg = iptables_render_config();
             let t = Instant::now();
@@ -585,6 +616,15 @@ pub struct AllOptions {
     pub positions: Vec<String>,
     /// Also measure requests per second on kept-alive connections.
     pub keepalive: bool,
+    /// Seconds of each bulk-throughput measurement (0: not measured).
+    pub bulk_seconds: f64,
+    /// Parallel long-lived connections of the bulk-throughput measurements (one measurement
+    /// per entry).
+    pub bulk_streams: Vec<usize>,
+    /// Datapath rounds ([`datapath::DatapathOptions::rounds`]): at each size every mode is
+    /// set up at once and measured round by round, each round with its share of the probes
+    /// and seconds.
+    pub rounds: usize,
     /// Quick mode (recorded in the report).
     pub quick: bool,
     /// The command line (recorded in the report).
@@ -592,7 +632,8 @@ pub struct AllOptions {
 }
 
 impl AllOptions {
-    /// The full run: 100, 1k, 5k, 10k Services, 3 runs, 2,000 probes, 10-minute timeouts.
+    /// The full run: 100, 1k, 5k, 10k Services, 3 runs, 2,000 probes, bulk throughput with
+    /// 1 and 4 streams for 3 s each, 10-minute timeouts.
     pub fn full() -> Self {
         AllOptions {
             modes: Mode::HOST.to_vec(),
@@ -606,6 +647,9 @@ impl AllOptions {
             rss_binary: None,
             positions: vec!["first".into(), "last".into()],
             keepalive: true,
+            bulk_seconds: 3.0,
+            bulk_streams: vec![1, 4],
+            rounds: 1,
             quick: false,
             command: String::new(),
         }
@@ -614,8 +658,8 @@ impl AllOptions {
     /// The defaults of `kp-bench vm` (inside the emulated guest, ~15-20 minutes): the three
     /// [`Mode::VM`] modes; control plane at 1,000 Services, one run; datapath at 0, 1k, 5k
     /// and 10k background Services, the probed Service last only, 300 probes, 2 s of
-    /// new-connection requests for the CPU per connection, no keepalive run; 10-minute tool
-    /// timeouts.
+    /// new-connection requests for the CPU per connection, no keepalive or bulk run;
+    /// 10-minute tool timeouts.
     pub fn vm() -> Self {
         AllOptions {
             modes: Mode::VM.to_vec(),
@@ -627,19 +671,23 @@ impl AllOptions {
             tool_timeout: Duration::from_secs(600),
             positions: vec!["last".into()],
             keepalive: false,
+            bulk_seconds: 0.0,
             ..AllOptions::full()
         }
     }
 
-    /// The quick run for CI: 100 Services, 200 probes, one run, short timeouts.
+    /// The quick run for CI: 100 Services, 200 probes, one run, 0.2 s bulk runs, two
+    /// datapath rounds, short timeouts.
     pub fn quick() -> Self {
         AllOptions {
             control_sizes: vec![100],
             datapath_sizes: vec![0, 100],
             runs: 1,
             probes: 200,
-            rps_seconds: 0.5,
+            rps_seconds: 0.3,
             concurrency: 2,
+            bulk_seconds: 0.2,
+            rounds: 2,
             tool_timeout: Duration::from_secs(120),
             quick: true,
             ..AllOptions::full()
@@ -654,6 +702,7 @@ impl AllOptions {
 /// Creating namespaces fails (needs root).
 pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
     let started = Instant::now();
+    let load_start = load_average();
     let started_unix = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -665,7 +714,8 @@ pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
     };
     let mut control_points = Vec::new();
     for &n in &opts.control_sizes {
-        for &mode in &opts.modes {
+        // The direct baseline has no control plane.
+        for &mode in opts.modes.iter().filter(|m| m.has_rules()) {
             eprintln!(
                 "[{:>6.0} s] control plane: {} at {n} Services",
                 started.elapsed().as_secs_f64(),
@@ -702,20 +752,37 @@ pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
         tool_timeout: opts.tool_timeout,
         positions: opts.positions.clone(),
         keepalive: opts.keepalive,
+        bulk_seconds: opts.bulk_seconds,
+        bulk_streams: opts.bulk_streams.clone(),
+        rounds: opts.rounds,
     };
     let mut datapath_points = Vec::new();
     for &n in &opts.datapath_sizes {
-        for &mode in &opts.modes {
-            // Do not wait again for a load the control plane already saw time out.
-            let hopeless = control_points.iter().any(|c: &control::ControlPoint| {
+        // Do not wait again for a load the control plane already saw time out.
+        let hopeless = |mode: Mode| {
+            control_points.iter().any(|c: &control::ControlPoint| {
                 c.mode == mode.label() && c.services <= n && c.floor.ms().is_none()
-            });
-            eprintln!(
-                "[{:>6.0} s] datapath: {} with {n} background Services",
-                started.elapsed().as_secs_f64(),
-                mode.label()
-            );
-            if hopeless {
+            })
+        };
+        let runnable: Vec<Mode> = opts
+            .modes
+            .iter()
+            .copied()
+            .filter(|m| !hopeless(*m))
+            .collect();
+        eprintln!(
+            "[{:>6.0} s] datapath: {} with {n} background Services, {} round(s)",
+            started.elapsed().as_secs_f64(),
+            runnable
+                .iter()
+                .map(|m| m.label())
+                .collect::<Vec<_>>()
+                .join(", "),
+            dopts.rounds.max(1)
+        );
+        let mut measured = datapath::datapath_points(&runnable, n, &dopts)?.into_iter();
+        for &mode in &opts.modes {
+            if hopeless(mode) {
                 datapath_points.push(datapath::DatapathPoint {
                     mode: mode.label().into(),
                     services: n,
@@ -726,9 +793,9 @@ pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
                     sysctl_warnings: Vec::new(),
                     positions: Vec::new(),
                 });
-                continue;
+            } else if let Some(p) = measured.next() {
+                datapath_points.push(p);
             }
-            datapath_points.push(datapath::datapath_point(mode, n, &dopts)?);
         }
     }
     Ok(report::RunReport {
@@ -738,9 +805,17 @@ pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
         quick: opts.quick,
         machine: report::MachineInfo::read(),
         environment: kp_testkit::vm::in_guest().then(|| report::GUEST_NOTE.to_string()),
+        load_average: Some((load_start, load_average())),
         control: control_points,
         datapath: datapath_points,
     })
+}
+
+/// `/proc/loadavg`, trimmed (empty when unreadable).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// The report type of [`run_all`].

@@ -4,7 +4,10 @@
 //! ```text
 //! kp-bench all --out docs/benchmarks          # the full suite, every mode, side by side
 //! kp-bench all --quick --out /tmp/kp-bench    # the CI sizes
+//! kp-bench all --modes iptables-legacy,nftables,userspace,direct --no-control \
+//!     --datapath-sizes 0,1000 --out docs/benchmarks/userspace   # userspace vs direct
 //! kp-bench vm --out docs/benchmarks/vm        # iptables-legacy, nftables, ipvs in the qemu guest
+//! kp-bench report --json docs/benchmarks/userspace/results.json   # tables, charts again
 //! kp-bench dump --mode iptables-legacy --services 10000 > payload.txt
 //! kp-bench nft-scale --services 10000 --endpoints 10 --runs 3
 //! ```
@@ -26,9 +29,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Every benchmark for every mode (iptables-legacy, iptables-nft, nftables), side by
-    /// side: control plane and datapath. Writes results.json, results.md, machine.md and SVG
-    /// charts into --out. Needs root; everything runs in network namespaces it creates.
+    /// Every benchmark for every mode (iptables-legacy, iptables-nft, iptables-nft-zero,
+    /// nftables, userspace, and the direct baseline), side by side: control plane and
+    /// datapath. Writes results.json, results.md, machine.md and SVG charts into --out. Needs
+    /// root; everything runs in network namespaces it creates.
     All {
         /// Output directory.
         #[arg(long, default_value = "docs/benchmarks")]
@@ -66,6 +70,18 @@ enum Command {
         /// Skip the keepalive requests-per-second runs.
         #[arg(long)]
         no_keepalive: bool,
+        /// Seconds of each bulk-throughput run (0: no bulk runs).
+        #[arg(long)]
+        bulk_seconds: Option<f64>,
+        /// Parallel connections of the bulk-throughput runs (comma-separated; one run each;
+        /// default 1,4).
+        #[arg(long, value_delimiter = ',')]
+        bulk_streams: Vec<usize>,
+        /// Datapath rounds: every mode of a size is set up at once, and the probes and
+        /// seconds are split into this many rounds, each mode measured in turn per round
+        /// (robust against load from elsewhere; default 1).
+        #[arg(long)]
+        rounds: Option<usize>,
         /// Start from the defaults of `kp-bench vm` (the guest's sizes) instead of the full run.
         #[arg(long)]
         vm_defaults: bool,
@@ -113,6 +129,16 @@ enum Command {
         /// Guest memory, MiB.
         #[arg(long, default_value_t = 3072)]
         memory_mib: u32,
+    },
+    /// Rewrites results.md, machine.md and the SVG charts of a run from its results.json
+    /// (after a change of the report's tables or charts; nothing is measured).
+    Report {
+        /// The run's results.json.
+        #[arg(long)]
+        json: PathBuf,
+        /// Output directory (default: the JSON's directory).
+        #[arg(long)]
+        out: Option<PathBuf>,
     },
     /// Child process of `all`: builds the tracker state for N Services, runs one full sync
     /// of MODE into a fresh namespace and prints its peak RSS (VmHWM).
@@ -166,7 +192,7 @@ fn ms(d: Duration) -> String {
 fn mode(label: &str) -> anyhow::Result<Mode> {
     Mode::parse(label).with_context(|| {
         format!(
-            "unknown mode {label:?} (iptables-legacy, iptables-nft, iptables-nft-zero, nftables, ipvs)"
+            "unknown mode {label:?} (iptables-legacy, iptables-nft, iptables-nft-zero, nftables, ipvs, userspace, direct)"
         )
     })
 }
@@ -186,6 +212,9 @@ fn main() -> anyhow::Result<()> {
             tool_timeout,
             positions,
             no_keepalive,
+            bulk_seconds,
+            bulk_streams,
+            rounds: datapath_rounds,
             no_control,
             vm_defaults,
             json_stdout,
@@ -226,6 +255,11 @@ fn main() -> anyhow::Result<()> {
             opts.runs = runs.unwrap_or(opts.runs);
             opts.probes = probes.unwrap_or(opts.probes);
             opts.rps_seconds = rps_seconds.unwrap_or(opts.rps_seconds);
+            opts.bulk_seconds = bulk_seconds.unwrap_or(opts.bulk_seconds);
+            opts.rounds = datapath_rounds.unwrap_or(opts.rounds);
+            if !bulk_streams.is_empty() {
+                opts.bulk_streams = bulk_streams;
+            }
             if let Some(t) = tool_timeout {
                 opts.tool_timeout = Duration::from_secs(t);
             }
@@ -327,6 +361,21 @@ fn main() -> anyhow::Result<()> {
                 std::env::args().collect::<Vec<_>>().join(" "),
                 report.command
             );
+            for p in report.write(&out)? {
+                println!("wrote {}", p.display());
+            }
+            Ok(())
+        }
+        Command::Report { json, out } => {
+            let text = std::fs::read_to_string(&json)
+                .with_context(|| format!("reading {}", json.display()))?;
+            let report: kp_bench::report::RunReport = serde_json::from_str(&text)
+                .with_context(|| format!("parsing {}", json.display()))?;
+            let out = out.unwrap_or_else(|| {
+                json.parent()
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| PathBuf::from("."))
+            });
             for p in report.write(&out)? {
                 println!("wrote {}", p.display());
             }

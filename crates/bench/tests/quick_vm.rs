@@ -27,6 +27,9 @@ fn ipvs_quick_benchmark() -> Result<(), Failed> {
         rss_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_kp-bench"))),
         positions: vec!["last".into()],
         keepalive: false,
+        bulk_seconds: 0.0,
+        bulk_streams: Vec::new(),
+        rounds: 1,
         quick: true,
         command: "quick_vm test".into(),
     };
