@@ -308,7 +308,10 @@ pub struct ProxyArgs {
     #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub iptables_min_sync_period: Duration,
 
-    /// Retry interval after a failed sync (Go duration).
+    /// The period that the rules are refreshed: how often they are checked for removal by
+    /// something else (the KUBE-PROXY-CANARY chains; nftables: the kube-proxy table) and
+    /// rewritten at once when they were, and the retry interval after a failed sync (Go
+    /// duration).
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub iptables_sync_period: Duration,
 

@@ -535,11 +535,14 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             min_interval: args.compat.ipvs_min_sync_period,
             retry_interval: args.compat.ipvs_sync_period,
             full_interval: args.compat.ipvs_sync_period,
+            check_interval: args.compat.ipvs_sync_period,
         }
     } else {
+        // Upstream checks its KUBE-PROXY-CANARY chains every --iptables-sync-period.
         RunnerConfig {
             min_interval: args.iptables_min_sync_period,
             retry_interval: args.iptables_sync_period,
+            check_interval: args.iptables_sync_period,
             ..RunnerConfig::default()
         }
     };
@@ -953,6 +956,13 @@ impl Iptables for PrintingIptables {
     fn version(&self) -> Result<kp_netfilter::IptablesVersion, kp_netfilter::Error> {
         self.fake.version()
     }
+    fn chain_exists(
+        &self,
+        table: kp_netfilter::Table,
+        chain: &str,
+    ) -> Result<bool, kp_netfilter::Error> {
+        self.fake.chain_exists(table, chain)
+    }
 }
 
 /// The nft runner of `--dry-run`: an empty kernel that keeps every payload for printing.
@@ -968,6 +978,14 @@ impl Nft for PrintingNft {
         Ok(())
     }
     fn list_table(&self, _: IpVersion, _: &str) -> Result<Option<String>, kp_netfilter::Error> {
+        Ok(None)
+    }
+    fn list_chain(
+        &self,
+        _: IpVersion,
+        _: &str,
+        _: &str,
+    ) -> Result<Option<String>, kp_netfilter::Error> {
         Ok(None)
     }
     fn list_objects(&self, _: IpVersion, _: &str) -> Result<TableObjects, kp_netfilter::Error> {

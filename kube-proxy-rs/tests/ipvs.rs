@@ -310,6 +310,10 @@ fn seed_cluster_and_mode_switches() -> Result<(), Failed> {
             && node.ip(["link", "show", "kube-ipvs0"]).is_err()
             && !run(node, "ipset", &["list", "-n"]).contains("KUBE-")
     })?;
+    // IPVS mode's KUBE-POSTROUTING may have satisfied `wait_programmed` before the start-up
+    // cleanup removed it, and the leftovers go before the first sync: wait for iptables
+    // mode's own rules before sending traffic.
+    proxy.wait_nat_rules_contain(node, "-A KUBE-SVC-");
     let c = counts(http_get_many(client, vip, 10, T));
     assert_eq!(c.values().sum::<usize>(), 10, "{c:?}");
     assert!(c.keys().all(|k| !k.starts_with("error")), "{c:?}");

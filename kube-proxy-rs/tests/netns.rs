@@ -1,7 +1,9 @@
 //! End-to-end tests of the `kube-proxy-rs` binary's lifecycle with the real kernel, in both
 //! proxy modes: what it programs (golden rules, `--dry-run` against the kernel), resync and
 //! `--cleanup`, real traffic through ClusterIP and NodePort with endpoint removal and REJECT,
-//! a failed sync and its retry, switching modes, bad manifests, and the sandbox (its report,
+//! a failed sync and its retry, rules flushed by someone else and repaired within the sync
+//! period (and only checked, never rewritten, while intact), switching modes, bad manifests,
+//! and the sandbox (its report,
 //! the ping line, Services without endpoints, Ctrl-C, `--keep`; in IPVS mode the README's
 //! command as a newcomer types it, which runs in a qemu guest where this kernel lacks IPVS).
 //!
@@ -30,7 +32,7 @@ use kp_testkit::{ClientError, Netns, http_get, http_get_many, require_root, wait
 // ---------------------------------------------------------------------------------------
 
 /// iptables only: the seed's golden `iptables-save` lines, on the nf_tables and the legacy
-/// iptables backends.
+/// iptables backends, and upstream's empty `KUBE-PROXY-CANARY` in mangle, nat and filter.
 #[test]
 fn iptables_seed_golden_in_a_fresh_namespace_with_both_backends() {
     if !require_root() {
@@ -68,6 +70,20 @@ fn iptables_seed_golden_in_a_fresh_namespace_with_both_backends() {
         assert!(ok, "--once failed with {backend}:\n{err}");
         let saved = save(&ns, save_cmd);
         assert_contains_in_chain_order(&saved, &rule_lines(SEED_EXPECTED_IPTABLES));
+        // Upstream's canary chain, empty, in the three tables (as `iptables-save` of a node
+        // run by upstream shows it).
+        for table in ["mangle", "nat", "filter"] {
+            let block = saved
+                .split(&format!("*{table}\n"))
+                .nth(1)
+                .and_then(|rest| rest.split("COMMIT\n").next())
+                .unwrap_or_else(|| panic!("no {table} table with {backend}:\n{saved}"));
+            assert!(
+                block.contains(":KUBE-PROXY-CANARY - [0:0]\n"),
+                "{backend}: no canary in {table}:\n{saved}"
+            );
+        }
+        assert!(!saved.contains("-j KUBE-PROXY-CANARY") && !saved.contains("-A KUBE-PROXY-CANARY"));
         // route_localnet was set inside the namespace (localhost NodePorts), not outside.
         assert_eq!(
             ns.read_sysctl("net.ipv4.conf.all.route_localnet")
@@ -320,13 +336,16 @@ fn resync_is_identical_and_cleanup_restores_the_tables(mode: Mode) {
             )
         }
         Mode::Iptables => {
+            // A table that did not exist before may remain as an empty table (iptables
+            // cannot delete tables): the mangle table, which held only the canary, and
+            // often ip6tables' filter and nat. That is the same state for the kernel.
+            let after = save(&ns, "iptables-save");
+            assert!(!after.contains("KUBE-"), "{after}");
             assert_eq!(
-                save(&ns, "iptables-save"),
-                pristine,
+                without_empty_tables(&after),
+                without_empty_tables(&pristine),
                 "--cleanup must remove everything we created and nothing else"
             );
-            // A table that did not exist before may remain as an empty table (iptables
-            // cannot delete tables); that is the same state for the kernel.
             assert_eq!(
                 without_empty_tables(&save(&ns, "ip6tables-save")),
                 without_empty_tables(&pristine6)
@@ -745,6 +764,297 @@ fn a_failed_sync_keeps_the_rules_and_is_retried_iptables() {
 #[test]
 fn a_failed_sync_keeps_the_rules_and_is_retried_nftables() {
     a_failed_sync_keeps_the_rules_and_is_retried(Mode::Nftables);
+}
+
+// ---------------------------------------------------------------------------------------
+// Rules removed by someone else
+// ---------------------------------------------------------------------------------------
+
+/// Waits up to `limit` for a request to the seed's ClusterIP from `client` to be answered;
+/// returns how long it took, or `None`.
+fn cluster_ip_answers_within(client: &Netns, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    let vip: SocketAddr = "10.96.138.71:8080".parse().unwrap();
+    while start.elapsed() < limit {
+        if http_get(client, vip, Duration::from_millis(300)).is_ok() {
+            return Some(start.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+/// Both seed backends answer the seed's ClusterIP from `client`.
+fn assert_seed_cluster_ip_works(client: &Netns, what: &str, proxy: &Daemon) {
+    let vip: SocketAddr = "10.96.138.71:8080".parse().unwrap();
+    let c = counts(http_get_many(client, vip, 40, Duration::from_secs(2)));
+    assert!(
+        answered(&c, "be0") >= 5 && answered(&c, "be1") >= 5 && c.len() == 2,
+        "{what}: {c:?}\n{}",
+        proxy.log()
+    );
+}
+
+/// A way of removing the rules: what it is, and the commands (argv) that do it.
+type Breakage = (&'static str, Vec<Vec<&'static str>>);
+
+/// Rules flushed or deleted by someone else inside the node's namespace (an operator's
+/// `iptables -t nat -F; iptables -t nat -X`, a firewall reload flushing every table, `nft
+/// delete table ip kube-proxy`, `nft flush table ip kube-proxy`) are noticed by the check
+/// that runs every `--iptables-sync-period` (2 s here) and rewritten by a full sync at once:
+/// the ClusterIP answers again within a few seconds, with a warning in the log, instead of
+/// staying broken until a Service changes or the hourly full sync.
+fn flushed_rules_are_repaired_within_the_sync_period(mode: Mode) {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let (topology, servers) = seed_topology();
+    let manifest = write(dir.path(), "cluster.yaml", SEED_CLUSTER);
+    let mut args = vec![
+        "--manifests",
+        manifest.to_str().unwrap(),
+        "--iptables-sync-period=2s",
+    ];
+    args.extend(NODE_ARGS);
+    let node = topology.node();
+    let client = topology.client();
+    let mut proxy = Daemon::start(mode, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
+    assert_seed_cluster_ip_works(client, "before", &proxy);
+    // What must come back: iptables-save as it was; in nftables mode each family's table
+    // (a re-created table is listed after the other family's by `nft list ruleset`).
+    let state = |node: &Netns| match mode {
+        Mode::Nftables => ["ip", "ip6"]
+            .map(|f| {
+                nft_table(node, f)
+                    .map(|t| kp_netfilter::canonical_listing(&t))
+                    .unwrap_or_default()
+            })
+            .join("\n"),
+        _ => mode.ruleset(node),
+    };
+    let good = state(node);
+
+    let (breakages, warning): (Vec<Breakage>, &str) = match mode {
+        Mode::Iptables => (
+            vec![
+                (
+                    "iptables -t nat -F; iptables -t nat -X",
+                    vec![
+                        vec!["iptables", "-t", "nat", "-F"],
+                        vec!["iptables", "-t", "nat", "-X"],
+                    ],
+                ),
+                (
+                    "a firewall reload: -F and -X of filter, nat and mangle",
+                    ["filter", "nat", "mangle"]
+                        .iter()
+                        .flat_map(|t| {
+                            [
+                                vec!["iptables", "-t", t, "-F"],
+                                vec!["iptables", "-t", t, "-X"],
+                            ]
+                        })
+                        .collect(),
+                ),
+            ],
+            "iptables rules were flushed by something else (KUBE-PROXY-CANARY missing in table nat); resyncing everything",
+        ),
+        Mode::Nftables => (
+            vec![
+                (
+                    "nft delete table ip kube-proxy",
+                    vec![vec!["nft", "delete", "table", "ip", "kube-proxy"]],
+                ),
+                (
+                    "nft flush table ip kube-proxy",
+                    vec![vec!["nft", "flush", "table", "ip", "kube-proxy"]],
+                ),
+            ],
+            "nftables rules were removed by something else (table ip kube-proxy: its chain nat-prerouting (or the whole table) is gone); resyncing everything",
+        ),
+        Mode::Ipvs | Mode::Userspace => {
+            unreachable!("tested in tests/ipvs.rs and tests/userspace.rs")
+        }
+    };
+    for (what, commands) in breakages {
+        for argv in &commands {
+            node.run(argv[0], &argv[1..])
+                .unwrap_or_else(|e| panic!("{what}: {argv:?}: {e}"));
+        }
+        let took =
+            cluster_ip_answers_within(client, Duration::from_secs(10)).unwrap_or_else(|| {
+                panic!(
+                    "{what}: the ClusterIP still does not answer 10 s later\n{}\n{}",
+                    mode.ruleset(node),
+                    proxy.log()
+                )
+            });
+        eprintln!("{mode:?}: after `{what}` the ClusterIP answered again after {took:?}");
+        assert!(
+            took < Duration::from_secs(6),
+            "{what}: repaired only after {took:?} (sync period 2 s)"
+        );
+        // The repair sync may still be writing the other family: wait for the ruleset.
+        proxy.wait_until(&format!("{what}: the ruleset is not back"), || {
+            state(node) == good
+        });
+        assert_seed_cluster_ip_works(client, what, &proxy);
+    }
+    let log = proxy.log();
+    assert!(log.contains(warning), "{log}");
+    if mode == Mode::Nftables {
+        assert!(
+            log.contains("nftables rules were removed by something else (table ip kube-proxy: its chain nat-prerouting lost its rule (the table was flushed)); resyncing everything"),
+            "{log}"
+        );
+    } else {
+        // Upstream's chain name, back in the three tables.
+        for table in ["mangle", "nat", "filter"] {
+            let saved = node.run("iptables-save", ["-t", table]).unwrap();
+            assert!(
+                saved.contains(":KUBE-PROXY-CANARY - [0:0]"),
+                "{table}:\n{saved}"
+            );
+        }
+    }
+    assert!(proxy.is_running());
+    drop(servers);
+}
+
+#[test]
+fn flushed_rules_are_repaired_within_the_sync_period_iptables() {
+    flushed_rules_are_repaired_within_the_sync_period(Mode::Iptables);
+}
+
+#[test]
+fn flushed_rules_are_repaired_within_the_sync_period_nftables() {
+    flushed_rules_are_repaired_within_the_sync_period(Mode::Nftables);
+}
+
+/// The check is cheap and writes nothing while the rules are intact: with
+/// `--iptables-sync-period=1s` for about 6 s, every run of the mode's tool (recorded by a
+/// wrapper on `PATH`) after the first syncs is a listing of one chain (`iptables -w 5 -t
+/// TABLE -S KUBE-PROXY-CANARY`, or `nft list chain ip kube-proxy nat-prerouting`): no
+/// `iptables-save`, no restore, no `nft -f`, and no further sync in the log.
+fn an_intact_dataplane_is_checked_not_rewritten(mode: Mode) {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let calls = dir.path().join("calls");
+    let programs: &[&str] = match mode {
+        Mode::Iptables => &[
+            "iptables",
+            "ip6tables",
+            "iptables-save",
+            "ip6tables-save",
+            "iptables-restore",
+            "ip6tables-restore",
+        ],
+        Mode::Nftables => &["nft"],
+        Mode::Ipvs | Mode::Userspace => {
+            unreachable!("tested in tests/ipvs.rs and tests/userspace.rs")
+        }
+    };
+    for program in programs {
+        let script = format!(
+            "#!/bin/sh\necho \"{program} $*\" >> {calls}\nexec {real} \"$@\"\n",
+            calls = calls.display(),
+            real = which(program).display()
+        );
+        std::fs::write(bin.join(program), script).unwrap();
+        Command::new("chmod")
+            .arg("+x")
+            .arg(bin.join(program))
+            .status()
+            .unwrap();
+    }
+    let manifest = write(dir.path(), "cluster.yaml", SEED_CLUSTER);
+    let ns = Netns::new("canary").unwrap();
+    let mut args = vec![
+        "--manifests",
+        manifest.to_str().unwrap(),
+        "--iptables-sync-period=1s",
+    ];
+    args.extend(NODE_ARGS);
+    let mut proxy = Daemon::start(mode, &ns, dir.path(), &args, Some(&bin));
+    proxy.wait_programmed(&ns);
+    // Both families' first syncs are logged once they are done.
+    wait_for(
+        || proxy_syncs(&proxy.log(), mode) >= 2,
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|_| panic!("no sync of both families\n{}", proxy.log()));
+    std::thread::sleep(Duration::from_millis(300));
+    let syncs = proxy_syncs(&proxy.log(), mode);
+    let good = mode.ruleset(&ns);
+    let before = std::fs::read_to_string(&calls).unwrap().lines().count();
+    std::thread::sleep(Duration::from_secs(6));
+    let all = std::fs::read_to_string(&calls).unwrap();
+    let after: Vec<&str> = all.lines().skip(before).collect();
+    let checks: Vec<&str> = match mode {
+        Mode::Iptables => after
+            .iter()
+            .filter(|l| l.ends_with(" -S KUBE-PROXY-CANARY"))
+            .copied()
+            .collect(),
+        _ => after
+            .iter()
+            .filter(|l| {
+                l.starts_with("nft list chain ip") && l.ends_with(" kube-proxy nat-prerouting")
+            })
+            .copied()
+            .collect(),
+    };
+    assert_eq!(
+        checks.len(),
+        after.len(),
+        "only cheap listings between the periods:\n{}",
+        after.join("\n")
+    );
+    // Six periods of three tables (iptables) or one chain (nftables), per family; a slow
+    // machine may fit fewer.
+    let per_period = if mode == Mode::Iptables { 6 } else { 2 };
+    assert!(
+        checks.len() >= 3 * per_period,
+        "too few checks in 6 s: {checks:?}\n{}",
+        proxy.log()
+    );
+    if mode == Mode::Iptables {
+        for family in ["iptables", "ip6tables"] {
+            for table in ["mangle", "nat", "filter"] {
+                let line = format!("{family} -w 5 -t {table} -S KUBE-PROXY-CANARY");
+                assert!(checks.contains(&line.as_str()), "no `{line}`: {checks:?}");
+            }
+        }
+    } else {
+        assert!(checks.contains(&"nft list chain ip kube-proxy nat-prerouting"));
+        assert!(checks.contains(&"nft list chain ip6 kube-proxy nat-prerouting"));
+    }
+    assert_eq!(proxy_syncs(&proxy.log(), mode), syncs, "{}", proxy.log());
+    assert!(!proxy.log().contains("resyncing everything"));
+    assert_eq!(mode.ruleset(&ns), good);
+}
+
+/// Successful syncs in a daemon's log.
+fn proxy_syncs(log: &str, mode: Mode) -> usize {
+    log.lines()
+        .filter(|l| l.contains(mode.synced_message()))
+        .count()
+}
+
+#[test]
+fn an_intact_dataplane_is_checked_not_rewritten_iptables() {
+    an_intact_dataplane_is_checked_not_rewritten(Mode::Iptables);
+}
+
+#[test]
+fn an_intact_dataplane_is_checked_not_rewritten_nftables() {
+    an_intact_dataplane_is_checked_not_rewritten(Mode::Nftables);
 }
 
 /// Mode-independent: bad objects in the manifests are reported with their place and

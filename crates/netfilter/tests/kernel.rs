@@ -490,3 +490,48 @@ fn failed_restore_reports_command_status_and_stderr() {
         assert!(stderr.contains("KUBE-NOPE"), "{stderr}");
     }
 }
+
+/// `chain_exists` against the real binaries of both backends and families, and the fake on
+/// the same steps: a chain created in mangle, nat and filter by one restore that names a
+/// table twice (as a full sync's canary blocks do), then `-F` and `-X` of the nat table as
+/// an operator or a firewall reload would run them.
+#[test]
+fn chain_exists_agrees_with_the_kernel() {
+    if !kernel_tests_possible("chain_exists_agrees_with_the_kernel") {
+        return;
+    }
+    const CANARY: &str = "KUBE-PROXY-CANARY";
+    let create = "*filter\n:KUBE-SERVICES - [0:0]\nCOMMIT\n*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n\
+                  *mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n*nat\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n\
+                  *filter\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n";
+    for backend in [Backend::Default, Backend::Legacy] {
+        for v in [IpVersion::V4, IpVersion::V6] {
+            let ns = Netns::new();
+            let ipt = runner(&ns, v, backend);
+            let fake = FakeIptables::new(v);
+            let what = format!("{backend:?} {v:?}");
+            let both = |table: Table, chain: &str| {
+                let kernel = ipt.chain_exists(table, chain).unwrap();
+                let faked = fake.chain_exists(table, chain).unwrap();
+                assert_eq!(kernel, faked, "{what}: {table} {chain}");
+                kernel
+            };
+            for t in [Table::Mangle, Table::Nat, Table::Filter] {
+                assert!(!both(t, CANARY), "{what}: no canary before the restore");
+                assert!(both(t, "OUTPUT"), "{what}: built-in chains exist");
+            }
+            ipt.restore(create.as_bytes()).unwrap();
+            fake.restore(create.as_bytes()).unwrap();
+            for t in [Table::Mangle, Table::Nat, Table::Filter] {
+                assert!(both(t, CANARY), "{what}: {t}");
+            }
+            assert!(both(Table::Nat, "KUBE-SERVICES"));
+            let flush = "*nat\n-F\n-X\nCOMMIT\n";
+            ipt.restore(flush.as_bytes()).unwrap();
+            fake.restore(flush.as_bytes()).unwrap();
+            assert!(!both(Table::Nat, CANARY), "{what}: gone with nat -X");
+            assert!(!both(Table::Nat, "KUBE-SERVICES"));
+            assert!(both(Table::Mangle, CANARY) && both(Table::Filter, CANARY));
+        }
+    }
+}

@@ -6,6 +6,10 @@
 //! same file set (`names.rs`, `render.rs`, `reconcile.rs`); today: [`iptables`],
 //! [`nftables`], [`ipvs`] and [`userspace`] (whose data path is the `kp-relay` crate).
 //!
+//! Between syncs [`Proxier::check_dataplane`] looks cheaply for signs that someone flushed
+//! the rules (the `KUBE-PROXY-CANARY` chains of [`iptables::canary`]), so that the caller can
+//! repair them with a full sync at once.
+//!
 //! Shared pieces: [`conntrack`] (UDP stale-entry cleanup after a sync), [`LocalDetector`] (`--detect-local-mode`), [`NodePortAddresses`]
 //! (`--nodeport-addresses`) and the [`Host`] seam (local addresses, sysctls).
 
@@ -97,4 +101,20 @@ pub trait Proxier: Send {
     /// # Errors
     /// [`ProxierError`]; the kernel keeps its previous rules, the next sync is full.
     fn sync(&mut self, snapshot: &Snapshot, changes: &Changes) -> Result<SyncReport, ProxierError>;
+
+    /// Checks cheaply, between syncs, whether something else removed what the last sync
+    /// wrote (an operator's `iptables -t nat -F; iptables -t nat -X`, a firewall reload, an
+    /// `nft delete table`): iptables, IPVS and userspace modes look for their empty
+    /// `KUBE-PROXY-CANARY` chains in the mangle, nat and filter tables, nftables mode for
+    /// its table and the rule of one base chain. `Ok(true)` means something is missing: the
+    /// proxier has logged a warning and its next sync is full; the caller should run it at
+    /// once. `Ok(false)` also when there is nothing to check yet (before the first
+    /// successful sync, or while a full retry is pending). The default checks nothing.
+    ///
+    /// # Errors
+    /// [`ProxierError`] when the check itself could not run (a busy lock, a missing binary);
+    /// nothing is known to be missing then.
+    fn check_dataplane(&mut self) -> Result<bool, ProxierError> {
+        Ok(false)
+    }
 }

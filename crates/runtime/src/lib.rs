@@ -10,7 +10,11 @@
 //! - after a failed sync the next one is attempted `retry_interval` later
 //!   (`--iptables-sync-period`, default 30 s) and is a full sync;
 //! - at least every `full_interval` (1 h, upstream's `FullSyncPeriod`) everything is
-//!   rewritten even when nothing changed.
+//!   rewritten even when nothing changed;
+//! - every `check_interval` (`--iptables-sync-period`, or `--ipvs-sync-period` in IPVS
+//!   mode) after the first successful sync, [`Proxier::check_dataplane`] looks cheaply for
+//!   rules removed by someone else (upstream's `KUBE-PROXY-CANARY` chains); when something is
+//!   missing a full sync runs at once instead of at the next change or the hourly sync.
 //!
 //! Time comes from tokio, so tests run with paused time.
 
@@ -33,6 +37,10 @@ pub struct RunnerConfig {
     pub retry_interval: Duration,
     /// Maximum time between full syncs.
     pub full_interval: Duration,
+    /// Time between two [`Proxier::check_dataplane`] calls (upstream checks its canaries
+    /// every sync period); zero turns the checks off. No check runs before the first
+    /// successful sync, nor while the retry of a failed sync is pending (it is full anyway).
+    pub check_interval: Duration,
 }
 
 impl Default for RunnerConfig {
@@ -41,6 +49,7 @@ impl Default for RunnerConfig {
             min_interval: Duration::from_secs(1),
             retry_interval: Duration::from_secs(30),
             full_interval: Duration::from_secs(3600),
+            check_interval: Duration::from_secs(30),
         }
     }
 }
@@ -77,6 +86,10 @@ pub struct LoopStats {
     pub failures: u64,
     /// Successful full syncs.
     pub full_syncs: u64,
+    /// [`Proxier::check_dataplane`] calls that ran (whatever their result).
+    pub checks: u64,
+    /// Checks that found rules missing (each followed at once by a full sync).
+    pub repairs: u64,
     /// The last successful sync's report.
     pub last_report: Option<SyncReport>,
 }
@@ -161,11 +174,17 @@ impl<P: Proxier + 'static> SyncLoop<P> {
         let mut last_end: Option<Instant> = None;
         let mut retry_at: Option<Instant> = None;
         let mut last_full: Option<Instant> = None;
+        // The next dataplane check, set by the first successful sync; a check that found
+        // something missing sets `repair`, which starts a full sync at once.
+        let mut next_check: Option<Instant> = None;
+        let mut repair = false;
         loop {
             // When may the next sync start?
             let now = Instant::now();
             let due = if !self.tracker.is_initialized() {
                 None
+            } else if repair {
+                Some(now)
             } else if let Some(at) = retry_at {
                 Some(at)
             } else if pending || last_end.is_none() {
@@ -174,6 +193,11 @@ impl<P: Proxier + 'static> SyncLoop<P> {
                 last_full.map(|f| f + self.cfg.full_interval)
             };
             let sleep = tokio::time::sleep_until(due.unwrap_or(now + Duration::from_secs(86400)));
+            // Checked only between a successful sync and the next one that is due for
+            // another reason: a pending retry is a full sync already.
+            let check_due = next_check.filter(|_| retry_at.is_none() && !repair);
+            let check_sleep =
+                tokio::time::sleep_until(check_due.unwrap_or(now + Duration::from_secs(86400)));
             tokio::select! {
                 biased;
                 () = &mut shutdown => {
@@ -213,13 +237,18 @@ impl<P: Proxier + 'static> SyncLoop<P> {
                     }
                 },
                 () = sleep, if due.is_some() => {
-                    let full_due = last_full.is_some_and(|f| Instant::now() >= f + self.cfg.full_interval);
+                    let full_due = repair
+                        || last_full.is_some_and(|f| Instant::now() >= f + self.cfg.full_interval);
                     pending = false;
                     retry_at = None;
+                    repair = false;
                     match self.sync_once(full_due).await? {
                         Ok(report) => {
                             if report.full {
                                 last_full = Some(Instant::now());
+                            }
+                            if next_check.is_none() && !self.cfg.check_interval.is_zero() {
+                                next_check = Some(Instant::now() + self.cfg.check_interval);
                             }
                             if mode == RunMode::Once {
                                 return Ok(self.stats);
@@ -234,6 +263,41 @@ impl<P: Proxier + 'static> SyncLoop<P> {
                     }
                     last_end = Some(Instant::now());
                 }
+                () = check_sleep, if check_due.is_some() => {
+                    repair = self.check_once().await?;
+                    next_check = Some(Instant::now() + self.cfg.check_interval);
+                }
+            }
+        }
+    }
+
+    /// One [`Proxier::check_dataplane`] on a blocking thread (it runs external commands);
+    /// `true` when a full sync must run now. A check that cannot run is logged and counts
+    /// as "nothing missing": the next one comes a check interval later.
+    async fn check_once(&mut self) -> Result<bool, RuntimeError> {
+        let Some(mut proxier) = self.proxier.take() else {
+            return Err(RuntimeError::Task(
+                "proxier lost after an earlier failure".into(),
+            ));
+        };
+        let joined = tokio::task::spawn_blocking(move || {
+            let result = proxier.check_dataplane();
+            (proxier, result)
+        })
+        .await;
+        let (proxier, result) = joined.map_err(|e| RuntimeError::Task(e.to_string()))?;
+        self.proxier = Some(proxier);
+        self.stats.checks += 1;
+        match result {
+            Ok(true) => {
+                self.stats.repairs += 1;
+                info!(family = %self.tracker.family(), "rules are missing from the kernel: running a full sync now");
+                Ok(true)
+            }
+            Ok(false) => Ok(false),
+            Err(e) => {
+                warn!(family = %self.tracker.family(), error = %e, "cannot check whether the rules are still in place; checking again in {:?}", self.cfg.check_interval);
+                Ok(false)
             }
         }
     }

@@ -20,6 +20,18 @@ use super::*;
 struct Script {
     calls: Arc<Mutex<Vec<(Instant, Changes, usize)>>>,
     fail_next: Arc<AtomicUsize>,
+    /// When each `check_dataplane` ran.
+    checks: Arc<Mutex<Vec<Instant>>>,
+    /// The next N checks report missing rules.
+    missing_next: Arc<AtomicUsize>,
+    /// The next N checks fail.
+    check_fails_next: Arc<AtomicUsize>,
+}
+
+/// Takes one from `n` if it is not zero.
+fn take_one(n: &AtomicUsize) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
+        .is_ok()
 }
 
 struct FakeProxier(Script);
@@ -45,6 +57,13 @@ impl Proxier for FakeProxier {
             full: changes.full_resync_needed,
             ..SyncReport::default()
         })
+    }
+    fn check_dataplane(&mut self) -> Result<bool, ProxierError> {
+        self.0.checks.lock().unwrap().push(Instant::now());
+        if take_one(&self.0.check_fails_next) {
+            return Err(ProxierError::Config("scripted check failure".into()));
+        }
+        Ok(take_one(&self.0.missing_next))
     }
 }
 
@@ -78,13 +97,17 @@ struct Harness {
 }
 
 fn start(mode: RunMode) -> Harness {
+    start_with(mode, RunnerConfig::default())
+}
+
+fn start_with(mode: RunMode, cfg: RunnerConfig) -> Harness {
     let script = Script::default();
     let (tx, rx) = mpsc::channel(64);
     let (stop, stopped) = oneshot::channel::<()>();
     let sync_loop = SyncLoop::new(
         Tracker::new(IpFamily::V4, "n1"),
         FakeProxier(script.clone()),
-        RunnerConfig::default(),
+        cfg,
     );
     let handle = tokio::spawn(sync_loop.run(rx, mode, async {
         let _ = stopped.await;
@@ -100,6 +123,9 @@ fn start(mode: RunMode) -> Harness {
 impl Harness {
     fn calls(&self) -> Vec<(Instant, Changes, usize)> {
         self.script.calls.lock().unwrap().clone()
+    }
+    fn checks(&self) -> Vec<Instant> {
+        self.script.checks.lock().unwrap().clone()
     }
     async fn finish(mut self) -> LoopStats {
         if let Some(s) = self.stop.take() {
@@ -352,4 +378,150 @@ async fn the_observer_sees_changes_by_kind() {
         1,
         "{log:?}"
     );
+}
+
+/// After the first successful sync the dataplane is checked every `check_interval` (30 s by
+/// default, `--iptables-sync-period`); a check that finds nothing missing syncs nothing, and
+/// one that finds rules missing starts a full sync at once, not at the next change or the
+/// hourly full sync.
+#[tokio::test(start_paused = true)]
+async fn the_dataplane_is_checked_every_period_and_repaired_at_once() {
+    let h = start(RunMode::Daemon);
+    h.tx.send(synced()).await.unwrap();
+    settle().await;
+    assert_eq!(h.calls().len(), 1);
+    let first = h.calls()[0].0;
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(
+        h.checks().is_empty(),
+        "no check before one period has passed"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    assert_eq!(h.checks().len(), 1);
+    assert!(h.checks()[0] >= first + Duration::from_secs(30));
+    assert_eq!(h.calls().len(), 1, "nothing missing: nothing synced");
+    // Five quiet periods: five checks, still no sync.
+    tokio::time::sleep(Duration::from_secs(150)).await;
+    settle().await;
+    assert_eq!(h.checks().len(), 6);
+    assert_eq!(h.calls().len(), 1);
+
+    // Someone flushes the rules: the next check finds it and a full sync follows at once.
+    h.script.missing_next.store(1, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    settle().await;
+    let checks = h.checks();
+    assert_eq!(checks.len(), 7);
+    let calls = h.calls();
+    assert_eq!(calls.len(), 2, "the repair sync ran");
+    assert!(calls[1].1.full_resync_needed, "the repair is a full sync");
+    assert!(
+        calls[1].0 - checks[6] < Duration::from_millis(100),
+        "the repair runs at once, not after --iptables-min-sync-period or later"
+    );
+    // The checks go on every period.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    settle().await;
+    assert_eq!(h.checks().len(), 8);
+    assert_eq!(h.calls().len(), 2);
+    let stats = h.finish().await;
+    assert_eq!((stats.checks, stats.repairs), (8, 1));
+    assert_eq!((stats.syncs, stats.full_syncs), (2, 1));
+}
+
+/// Nothing is checked before the first successful sync (there is nothing to find yet), nor
+/// while the retry of a failed sync is pending (it rewrites everything anyway); the check
+/// that was due meanwhile runs right after the retry.
+#[tokio::test(start_paused = true)]
+async fn no_check_before_the_first_sync_nor_while_a_retry_is_pending() {
+    let h = start(RunMode::Daemon);
+    h.tx.send(vec![svc(1)]).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    assert!(h.checks().is_empty(), "no check before the initial list");
+
+    // The first sync fails: still nothing to check until its retry succeeded.
+    h.script.fail_next.store(1, Ordering::SeqCst);
+    h.tx.send(synced()).await.unwrap();
+    settle().await;
+    assert_eq!(h.calls().len(), 1);
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    settle().await;
+    assert_eq!(h.calls().len(), 2, "the retry ran");
+    let retried = h.calls()[1].0;
+    assert!(h.checks().is_empty());
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    settle().await;
+    assert_eq!(h.checks().len(), 1);
+    assert!(h.checks()[0] >= retried + Duration::from_secs(30));
+
+    // A change whose sync fails 10 s before the next check: that check waits for the retry.
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    h.script.fail_next.store(1, Ordering::SeqCst);
+    h.tx.send(vec![svc(2)]).await.unwrap();
+    settle().await;
+    assert_eq!(h.calls().len(), 3);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    settle().await;
+    assert_eq!(h.checks().len(), 1, "no check while the retry is pending");
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    settle().await;
+    let calls = h.calls();
+    assert_eq!(calls.len(), 4, "the retry ran");
+    assert_eq!(h.checks().len(), 2, "the overdue check ran after the retry");
+    assert!(h.checks()[1] >= calls[3].0);
+    h.finish().await;
+}
+
+/// A check that cannot run (a busy xtables lock, a missing binary) syncs nothing; the next
+/// one comes a period later. A zero interval turns the checks off.
+#[tokio::test(start_paused = true)]
+async fn a_failed_check_waits_for_the_next_period_and_zero_turns_checks_off() {
+    let h = start(RunMode::Daemon);
+    h.script.check_fails_next.store(1, Ordering::SeqCst);
+    h.tx.send(synced()).await.unwrap();
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    settle().await;
+    assert_eq!(h.checks().len(), 1);
+    assert_eq!(h.calls().len(), 1, "a failed check is not a reason to sync");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    settle().await;
+    assert_eq!(h.checks().len(), 2);
+    assert_eq!(h.calls().len(), 1);
+    let stats = h.finish().await;
+    assert_eq!((stats.checks, stats.repairs), (2, 0));
+
+    let h = start_with(
+        RunMode::Daemon,
+        RunnerConfig {
+            check_interval: Duration::ZERO,
+            ..RunnerConfig::default()
+        },
+    );
+    h.tx.send(synced()).await.unwrap();
+    settle().await;
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    settle().await;
+    assert!(h.checks().is_empty());
+    assert_eq!(h.calls().len(), 1);
+    h.finish().await;
+}
+
+/// The check period is the loop's own setting (IPVS mode passes `--ipvs-sync-period`).
+#[tokio::test(start_paused = true)]
+async fn the_check_interval_is_configurable() {
+    let h = start_with(
+        RunMode::Daemon,
+        RunnerConfig {
+            check_interval: Duration::from_secs(2),
+            ..RunnerConfig::default()
+        },
+    );
+    h.tx.send(synced()).await.unwrap();
+    settle().await;
+    tokio::time::sleep(Duration::from_millis(10_500)).await;
+    settle().await;
+    assert_eq!(h.checks().len(), 5);
+    h.finish().await;
 }

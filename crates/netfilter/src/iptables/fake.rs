@@ -59,6 +59,7 @@ struct State {
     tables: BTreeMap<Table, FakeTable>,
     restores: usize,
     saves: usize,
+    chain_checks: usize,
     last_payload: Option<Vec<u8>>,
     fail_next: Option<String>,
 }
@@ -546,6 +547,11 @@ impl FakeIptables {
         self.lock().saves
     }
 
+    /// Number of `chain_exists` calls so far.
+    pub fn chain_check_count(&self) -> usize {
+        self.lock().chain_checks
+    }
+
     /// The payload of the last `restore` call.
     pub fn last_payload(&self) -> Option<Vec<u8>> {
         self.lock().last_payload.clone()
@@ -645,5 +651,16 @@ impl Iptables for FakeIptables {
 
     fn version(&self) -> Result<IptablesVersion, Error> {
         Ok(self.version)
+    }
+
+    /// Whether `chain` exists in the committed state of `table` (a table never written has
+    /// only its built-in chains), like `iptables -t TABLE -S CHAIN`.
+    fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, Error> {
+        let mut st = self.lock();
+        st.chain_checks += 1;
+        Ok(match st.tables.get(&table) {
+            Some(ft) => ft.chains.contains_key(chain),
+            None => table.is_builtin_chain(chain),
+        })
     }
 }

@@ -81,6 +81,19 @@ pub trait Nft: Send + Sync {
     /// [`Error::Command`] for any failure other than a missing table.
     fn list_table(&self, family: IpVersion, table: &str) -> Result<Option<String>, Error>;
 
+    /// The listing of one chain with its rules (`nft list chain ip|ip6 TABLE CHAIN`), or
+    /// `None` when the chain or its table does not exist. Cheap when the chain is small: the
+    /// proxier's periodic check that nobody flushed or deleted its table lists one base chain.
+    ///
+    /// # Errors
+    /// [`Error::Command`] for any failure other than a missing chain or table.
+    fn list_chain(
+        &self,
+        family: IpVersion,
+        table: &str,
+        chain: &str,
+    ) -> Result<Option<String>, Error>;
+
     /// The chains (with their hooks), sets (with their timeouts) and maps of one table,
     /// without rules or elements: `nft list chains ip|ip6`, `nft -t list sets ip|ip6` and
     /// `nft -t list maps ip|ip6`, parsed.
@@ -204,6 +217,19 @@ impl Nft for ExecNft {
         }
     }
 
+    fn list_chain(
+        &self,
+        family: IpVersion,
+        table: &str,
+        chain: &str,
+    ) -> Result<Option<String>, Error> {
+        match self.run_text(&["list", "chain", family_name(family), table, chain]) {
+            Ok(text) => Ok(Some(text)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn list_objects(&self, family: IpVersion, table: &str) -> Result<TableObjects, Error> {
         let fam = family_name(family);
         let chains = self.run_text(&["list", "chains", fam])?;
@@ -315,6 +341,13 @@ mod tests {
                     ExecOutput::ok("table ip t {\n\tset s {\n\t\ttype ipv4_addr\n\t}\n}\n")
                 }
                 ["nft", "list", "table", "ip", "t"] => ExecOutput::ok("table ip t {\n}\n"),
+                ["nft", "list", "chain", "ip", "t", "c"] => ExecOutput::ok(
+                    "table ip t {\n\tchain c {\n\t\ttype nat hook output priority -100; policy accept;\n\t\tjump x\n\t}\n}\n",
+                ),
+                ["nft", "list", "chain", ..] => ExecOutput::failed(
+                    1,
+                    "Error: No such file or directory\nlist chain ip6 t c\n              ^\n",
+                ),
                 ["nft", "--version"] => ExecOutput::ok("nftables v1.0.6 (Lester Gooch #5)\n"),
                 _ => ExecOutput::ok(""),
             }
@@ -326,6 +359,9 @@ mod tests {
             nft.list_table(IpVersion::V4, "t").unwrap().as_deref(),
             Some("table ip t {\n}\n")
         );
+        let chain = nft.list_chain(IpVersion::V4, "t", "c").unwrap().unwrap();
+        assert!(chain.lines().any(|l| l.trim() == "jump x"), "{chain}");
+        assert_eq!(nft.list_chain(IpVersion::V6, "t", "c").unwrap(), None);
         assert!(nft.delete_table(IpVersion::V4, "t").unwrap());
         assert!(!nft.delete_table(IpVersion::V6, "t").unwrap());
         assert_eq!(nft.version().unwrap().to_string(), "1.0.6");

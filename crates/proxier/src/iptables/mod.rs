@@ -5,8 +5,11 @@
 //! state → restore payload) and to an [`Iptables`] runner. The first sync, any sync after a
 //! failure and any sync with `full_resync_needed` read the kernel's tables (`iptables-save`)
 //! to add missing jump rules and delete stale chains; other syncs are partial and rewrite only
-//! the chains of Services that changed. [`cleanup`] implements `--cleanup`.
+//! the chains of Services that changed. Full syncs also leave the empty `KUBE-PROXY-CANARY`
+//! chains that [`canary`] checks between syncs, so that rules flushed by someone else are
+//! rewritten at once. [`cleanup`] implements `--cleanup`.
 
+pub mod canary;
 pub mod names;
 pub mod reconcile;
 pub mod render;
@@ -380,10 +383,23 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
         );
         Ok(report)
     }
+
+    /// Lists `KUBE-PROXY-CANARY` in mangle, nat and filter (three `iptables -S` of one empty
+    /// chain; see [`canary`]). Nothing is checked before the first successful sync or while
+    /// the next sync is full anyway.
+    fn check_dataplane(&mut self) -> Result<bool, ProxierError> {
+        if self.needs_full {
+            return Ok(false);
+        }
+        let missing = canary::check(&self.ipt, self.family)?;
+        self.needs_full |= missing;
+        Ok(missing)
+    }
 }
 
 /// `--cleanup` for iptables mode: removes our jump rules and chains from the filter and nat
-/// tables of the runner's family, leaving everything else alone.
+/// tables of the runner's family, and the canary from its mangle table, leaving everything
+/// else alone.
 ///
 /// # Errors
 /// [`ProxierError`] when the tables cannot be read or the restore fails (nothing changes).
@@ -392,7 +408,14 @@ pub fn cleanup<I: Iptables + ?Sized>(ipt: &I) -> Result<CleanupPlan, ProxierErro
         filter: read_table(ipt, Table::Filter)?,
         nat: read_table(ipt, Table::Nat)?,
     };
-    let plan = reconcile::cleanup_payload(&kernel);
+    let mut plan = reconcile::cleanup_payload(&kernel);
+    if let Some(mangle) = canary::mangle_cleanup(ipt)? {
+        plan.payload
+            .get_or_insert_with(String::new)
+            .push_str(&mangle);
+        plan.removed
+            .push(format!("mangle/{}", canary::KUBE_PROXY_CANARY));
+    }
     if let Some(payload) = &plan.payload {
         ipt.restore(payload.as_bytes())?;
     }

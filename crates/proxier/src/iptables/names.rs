@@ -28,6 +28,9 @@ pub const KUBE_FORWARD: &str = "KUBE-FORWARD";
 pub const KUBE_PROXY_FIREWALL: &str = "KUBE-PROXY-FIREWALL";
 /// filter: the localnet drop that guards localhost NodePorts (a copy of kubelet's chain).
 pub const KUBE_FIREWALL: &str = "KUBE-FIREWALL";
+/// mangle, nat and filter: an empty chain whose disappearance means someone flushed the
+/// table (see [`super::canary`]).
+pub const KUBE_PROXY_CANARY: &str = "KUBE-PROXY-CANARY";
 
 /// Prefixes of per-Service and per-endpoint nat chains; a chain with one of these prefixes that
 /// is not in the desired ruleset is stale and gets deleted.

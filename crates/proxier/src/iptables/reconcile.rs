@@ -7,6 +7,9 @@
 //! - A *partial* sync declares only the fixed chains and the per-Service chains of Services
 //!   that changed; other Services' chains are left untouched in the kernel; chains that the
 //!   previous sync wrote and this one no longer uses are deleted.
+//! - A full sync ends with [`CANARY_BLOCKS`], which create the empty `KUBE-PROXY-CANARY`
+//!   chains in mangle, nat and filter; a partial sync never names them, so a canary deleted
+//!   by someone else stays missing until the check notices it.
 //! - *Cleanup* (`--cleanup`) removes our jump rules and chains and nothing else.
 //!
 //! Jump rules are inserted at the top of the built-in chains (`-I CHAIN 1`, in an order that
@@ -17,9 +20,10 @@ use std::collections::{BTreeSet, HashSet};
 use std::fmt::Write as _;
 use std::hash::BuildHasher;
 
+use super::canary::CANARY_BLOCKS;
 use super::names::{
     KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
-    KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES, is_service_chain,
+    KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_PROXY_FIREWALL, KUBE_SERVICES, is_service_chain,
 };
 use super::render::{ChainSet, Rendered, TableRules};
 
@@ -264,7 +268,7 @@ fn stale_in_kernel(kernel: Option<&KernelTables>, active: &ChainSet) -> Vec<Stri
 }
 
 /// The payload text before the nat rules (filter table, nat declarations and jumps) and
-/// after them (stale chain deletions, `COMMIT`).
+/// after them (stale chain deletions, `COMMIT`, and the canary blocks of a full sync).
 fn head_and_tail(
     filter: &TableRules,
     filter_head: &str,
@@ -272,6 +276,7 @@ fn head_and_tail(
     nat_head: &str,
     stale: &[String],
     zero_first: bool,
+    full: bool,
 ) -> (String, String) {
     let mut head = String::with_capacity(
         filter.rules.len()
@@ -295,13 +300,16 @@ fn head_and_tail(
     head.push_str(nat.chains.declarations());
     write_decls(&mut head, stale);
     head.push_str(nat_head);
-    let mut tail = String::with_capacity(stale.len() * 32 + 8);
+    let mut tail = String::with_capacity(stale.len() * 32 + 8 + CANARY_BLOCKS.len());
     for c in stale {
         tail.push_str("-X ");
         tail.push_str(c);
         tail.push('\n');
     }
     tail.push_str("COMMIT\n");
+    if full {
+        tail.push_str(CANARY_BLOCKS);
+    }
     (head, tail)
 }
 
@@ -341,6 +349,7 @@ pub fn full_payload(
         &missing_jumps("nat", kernel.map(|k| &k.nat), kube_firewall),
         &stale,
         false,
+        true,
     );
     (assemble_copy(&head, &rendered.nat.rules, &tail), stale)
 }
@@ -375,6 +384,7 @@ pub fn full_payload_take_with(
         &missing_jumps("nat", kernel.map(|k| &k.nat), kube_firewall),
         &stale,
         zero_counters_first,
+        true,
     );
     let rules = std::mem::take(&mut rendered.nat.rules);
     (assemble_owned(&head, rules, &tail), stale)
@@ -393,14 +403,23 @@ pub fn partial_payload<P: ChainNames + ?Sized>(
         }
     });
     stale.sort();
-    let (head, tail) = head_and_tail(&rendered.filter, "", &rendered.nat, "", &stale, false);
+    let (head, tail) = head_and_tail(
+        &rendered.filter,
+        "",
+        &rendered.nat,
+        "",
+        &stale,
+        false,
+        false,
+    );
     (assemble_copy(&head, &rendered.nat.rules, &tail), stale)
 }
 
 /// The fixed chains that `--cleanup` removes, per table.
 /// Our filter chains, of iptables mode and of IPVS mode (so `--cleanup` and a switch to
-/// nftables mode remove both).
-pub(crate) const CLEANUP_FILTER: [&str; 10] = [
+/// nftables mode remove both), and the canary of every mode but nftables.
+pub(crate) const CLEANUP_FILTER: [&str; 11] = [
+    KUBE_PROXY_CANARY,
     KUBE_SERVICES,
     KUBE_EXTERNAL_SERVICES,
     KUBE_FORWARD,
@@ -412,8 +431,9 @@ pub(crate) const CLEANUP_FILTER: [&str; 10] = [
     crate::ipvs::names::KUBE_IPVS_OUT_FILTER,
     crate::userspace::render::KUBE_NODEPORT_NON_LOCAL,
 ];
-/// Our nat chains, of iptables mode, IPVS mode and userspace mode.
-pub(crate) const CLEANUP_NAT: [&str; 10] = [
+/// Our nat chains, of iptables mode, IPVS mode and userspace mode, and the canary.
+pub(crate) const CLEANUP_NAT: [&str; 11] = [
+    KUBE_PROXY_CANARY,
     KUBE_SERVICES,
     KUBE_NODEPORTS,
     KUBE_POSTROUTING,

@@ -239,9 +239,27 @@ fn cleanup_leaves_the_tables_as_they_were() {
     let mut p = proxier(fake);
     sync(&mut p, &mut t);
     assert_ne!(save(&p), pristine);
+    assert!(
+        p.runner()
+            .chain_exists(Table::Mangle, canary::KUBE_PROXY_CANARY)
+            .unwrap()
+    );
     let plan = cleanup(p.runner()).unwrap();
     assert!(plan.kept.is_empty(), "{:?}", plan.kept);
     assert_eq!(save(&p), pristine);
+    // The canaries went too, the mangle table's included.
+    for table in canary::CANARY_TABLES {
+        assert!(
+            !p.runner()
+                .chain_exists(table, canary::KUBE_PROXY_CANARY)
+                .unwrap()
+        );
+        assert!(
+            plan.removed.contains(&format!("{table}/KUBE-PROXY-CANARY")),
+            "{:?}",
+            plan.removed
+        );
+    }
     // A second cleanup finds nothing to do.
     assert!(cleanup(p.runner()).unwrap().payload.is_none());
 }
@@ -390,4 +408,123 @@ fn udp_changes_clean_stale_conntrack_entries() {
     ));
     assert_eq!(sync(&mut p, &mut t).conntrack_deleted, 1);
     assert!(ct.0.lock().unwrap().flows().is_empty());
+}
+
+/// Every table the fake holds (mangle, filter, nat), as `iptables-save` prints them.
+fn save_all(p: &IptablesProxier<FakeIptables>) -> String {
+    p.runner().save(None).unwrap()
+}
+
+/// The first full sync leaves upstream's empty `KUBE-PROXY-CANARY` chain in mangle, nat and
+/// filter; a check lists just those three chains and writes nothing. When someone runs
+/// `iptables -t TABLE -F; iptables -t TABLE -X` (for each of the three tables in turn), the
+/// check reports it, and the next sync, without any change of Services, is full and puts
+/// back exactly what was there, canaries included.
+#[test]
+fn a_flushed_table_is_noticed_and_the_next_sync_repairs_it() {
+    let mut t = tracker();
+    for e in seed_events() {
+        t.apply(e);
+    }
+    let mut p = proxier(FakeIptables::new(IpVersion::V4));
+    assert!(
+        !p.check_dataplane().unwrap(),
+        "nothing to check before the first sync"
+    );
+    assert_eq!(p.runner().chain_check_count(), 0);
+    sync(&mut p, &mut t);
+    let fake = p.runner();
+    for table in canary::CANARY_TABLES {
+        let rules = fake.table(table);
+        let chain = rules
+            .chains
+            .get(canary::KUBE_PROXY_CANARY)
+            .unwrap_or_else(|| panic!("no canary in {table}"));
+        assert!(chain.rules.is_empty() && chain.policy.is_none());
+    }
+    assert!(save_all(&p).contains("*mangle\n"));
+    let good = save_all(&p);
+    let restores = p.runner().restore_count();
+    assert!(!p.check_dataplane().unwrap());
+    assert_eq!(p.runner().chain_check_count(), 3, "one listing per table");
+    assert_eq!(
+        p.runner().restore_count(),
+        restores,
+        "a check writes nothing"
+    );
+
+    for table in canary::CANARY_TABLES {
+        p.runner()
+            .restore(format!("*{table}\n-F\n-X\nCOMMIT\n").as_bytes())
+            .unwrap();
+        assert_ne!(save_all(&p), good);
+        assert!(p.check_dataplane().unwrap(), "{table} flush not noticed");
+        // Until the repair, the next sync is full: nothing more to check.
+        let checks = p.runner().chain_check_count();
+        assert!(!p.check_dataplane().unwrap());
+        assert_eq!(p.runner().chain_check_count(), checks);
+        let (snap, changes) = t.checkout();
+        assert!(changes.services.is_empty() && !changes.full_resync_needed);
+        let report = p.sync(&snap, &changes).unwrap();
+        assert!(report.full, "{table}: the repair is a full sync");
+        assert_eq!(save_all(&p), good, "{table}: everything is back");
+        assert_contains_in_chain_order(&save(&p), &rule_lines(SEED_EXPECTED_IPTABLES));
+        assert!(!p.check_dataplane().unwrap());
+    }
+}
+
+/// Partial syncs never name the canaries, so one deleted by someone else is not quietly
+/// re-created before the check sees it (the other rules it went with would stay missing).
+#[test]
+fn partial_syncs_leave_the_canaries_to_full_syncs() {
+    let mut t = tracker();
+    for e in seed_events() {
+        t.apply(e);
+    }
+    let mut p = proxier(FakeIptables::new(IpVersion::V4));
+    sync(&mut p, &mut t);
+    assert!(
+        String::from_utf8(p.runner().last_payload().unwrap())
+            .unwrap()
+            .ends_with(canary::CANARY_BLOCKS)
+    );
+    p.runner()
+        .restore(b"*mangle\n-X KUBE-PROXY-CANARY\nCOMMIT\n")
+        .unwrap();
+    t.apply(SourceEvent::ServiceUpsert(service(
+        "other",
+        "10.96.0.7",
+        80,
+    )));
+    let report = sync(&mut p, &mut t);
+    assert!(!report.full);
+    let payload = String::from_utf8(p.runner().last_payload().unwrap()).unwrap();
+    assert!(!payload.contains("CANARY"), "{payload}");
+    assert!(
+        p.check_dataplane().unwrap(),
+        "the missing mangle canary is still noticed"
+    );
+}
+
+/// A check that cannot run (here: iptables fails with status 4, the xtables lock) is an
+/// error, not a reason to resync.
+#[test]
+fn a_check_that_cannot_run_is_an_error() {
+    use kp_netfilter::{Backend, ExecIptables, ExecOutput, ScriptedExec};
+    let exec = Arc::new(ScriptedExec::new(|argv, _| {
+        if argv.last().is_some_and(|a| a == "--version") {
+            ExecOutput::ok("iptables v1.8.9 (legacy)\n")
+        } else if argv[0] == "iptables" {
+            ExecOutput::failed(4, "Another app is currently holding the xtables lock.")
+        } else {
+            ExecOutput::ok("")
+        }
+    }));
+    let ipt = ExecIptables::with_exec(IpVersion::V4, Backend::Default, exec);
+    let mut p =
+        IptablesProxier::new(IpFamily::V4, cfg(), ipt, Arc::new(FakeHost::default())).unwrap();
+    let (snap, changes) = tracker().checkout();
+    p.sync(&snap, &changes).unwrap();
+    let err = p.check_dataplane().unwrap_err();
+    assert!(err.to_string().contains("xtables lock"), "{err}");
 }

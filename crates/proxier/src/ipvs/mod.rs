@@ -542,7 +542,11 @@ impl<I: Iptables> IpvsProxier<I> {
             {
                 let _ = writeln!(out, ":{c} - [0:0]");
             }
-            out.push_str(&jump_fixups(table, kt));
+            // Only a full sync, which has read the kernel, touches the built-in chains: a
+            // partial one would add every jump a second time.
+            if kt.is_some() {
+                out.push_str(&jump_fixups(table, kt));
+            }
             for c in &stale {
                 let _ = writeln!(out, "-X {c}");
             }
@@ -660,8 +664,9 @@ fn jump_line(chain: &str, comment: &str, target: &str) -> String {
 }
 
 /// Jump-rule changes for `table`: kube-proxy jumps that are not IPVS mode's are deleted
-/// (`-D`), IPVS mode's missing ones inserted at the top (`-I CHAIN 1`). Without the kernel's
-/// table every IPVS jump is inserted (a fresh node or a dry run).
+/// (`-D`), IPVS mode's missing ones inserted at the top (`-I CHAIN 1`). Only full syncs call
+/// it, with the tables they read (a dry run reads its fake's); without one every IPVS jump
+/// would be inserted.
 fn jump_fixups(table: &str, kernel: Option<&KernelTable>) -> String {
     let mut out = String::new();
     let ours: Vec<String> = JUMPS
@@ -754,10 +759,17 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
             .collect();
         failures.extend(self.change_addresses(true, &add)?);
         // 4. The iptables rules, when they changed (and always on full syncs).
-        let rules = self.iptables_payload(&want, tables.as_ref());
+        // Compared by the rendered rules alone: only full syncs fix the jumps from the
+        // built-in chains, delete other modes' chains and write the canaries (see
+        // `iptables::canary`).
+        let rules = format!("{}\u{0}{}", want.filter_rules, want.nat_rules);
         if full || self.last_iptables.as_deref() != Some(rules.as_str()) {
-            payload_bytes += rules.len();
-            self.ipt.restore(rules.as_bytes())?;
+            let mut payload = self.iptables_payload(&want, tables.as_ref());
+            if full {
+                payload.push_str(crate::iptables::canary::CANARY_BLOCKS);
+            }
+            payload_bytes += payload.len();
+            self.ipt.restore(payload.as_bytes())?;
         }
         // 5. Addresses no virtual server uses any more.
         let del: Vec<IpAddr> = have
@@ -837,6 +849,18 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
             "synced IPVS rules"
         );
         Ok(report)
+    }
+
+    /// The `KUBE-PROXY-CANARY` check of iptables mode ([`crate::iptables::canary`]), for
+    /// IPVS mode's iptables rules. The IPVS table, the ipsets and kube-ipvs0 are not
+    /// checked: every `--ipvs-sync-period` is a full sync that reads them back anyway.
+    fn check_dataplane(&mut self) -> Result<bool, ProxierError> {
+        if self.needs_full || self.known.is_none() {
+            return Ok(false);
+        }
+        let missing = crate::iptables::canary::check(&self.ipt, self.family)?;
+        self.needs_full |= missing;
+        Ok(missing)
     }
 }
 

@@ -468,3 +468,77 @@ COMMIT\n*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-NODEPORTS - [0:0]\n:KUBE-SVC-ABCDEFG
         1
     );
 }
+
+/// IPVS mode's full syncs leave the `KUBE-PROXY-CANARY` chains too (its iptables rules are
+/// flushed by the same tools); an unchanged partial re-sync still writes nothing, and an
+/// `iptables -t nat -F; iptables -t nat -X` is noticed by the check and repaired by the next
+/// sync, which is full.
+#[test]
+fn a_flushed_nat_table_is_noticed_and_the_next_sync_repairs_it() {
+    let mut e = env(IpvsConfig::default());
+    let s = snap(vec![web(&["10.0.1.2"])]);
+    assert!(
+        !e.proxier.check_dataplane().unwrap(),
+        "nothing to check yet"
+    );
+    assert!(e.proxier.sync(&s, &Changes::default()).unwrap().full);
+    let good = e.proxier.runner().save(None).unwrap();
+    assert_eq!(
+        good.matches(":KUBE-PROXY-CANARY - [0:0]").count(),
+        3,
+        "{good}"
+    );
+    assert!(!e.proxier.check_dataplane().unwrap());
+    let restores = e.proxier.runner().restore_count();
+    assert!(!e.proxier.sync(&s, &Changes::default()).unwrap().full);
+    assert_eq!(
+        e.proxier.runner().restore_count(),
+        restores,
+        "an unchanged partial sync writes nothing"
+    );
+    e.proxier
+        .runner()
+        .restore(b"*nat\n-F\n-X\nCOMMIT\n")
+        .unwrap();
+    assert!(e.proxier.check_dataplane().unwrap());
+    assert!(e.proxier.sync(&s, &Changes::default()).unwrap().full);
+    assert_eq!(e.proxier.runner().save(None).unwrap(), good);
+    assert!(!e.proxier.check_dataplane().unwrap());
+}
+
+/// A partial sync whose iptables rules changed (the first NodePort fills a set that was
+/// empty) rewrites IPVS mode's chains but leaves the jumps from the built-in chains alone:
+/// each stays there once (they used to be inserted again by every such sync).
+#[test]
+fn a_partial_restore_does_not_repeat_the_jumps() {
+    let mut e = env(IpvsConfig::default());
+    e.proxier.sync(&snap(vec![]), &Changes::default()).unwrap();
+    let restores = e.proxier.runner().restore_count();
+    let r = e
+        .proxier
+        .sync(&snap(vec![web(&["10.0.1.2"])]), &changed("ns/web"))
+        .unwrap();
+    assert!(!r.full);
+    assert_eq!(
+        e.proxier.runner().restore_count(),
+        restores + 1,
+        "the rules changed: one partial restore"
+    );
+    assert!(
+        e.proxier
+            .runner()
+            .save(None)
+            .unwrap()
+            .contains("KUBE-NODE-PORT-TCP")
+    );
+    for (table, chain, _, target) in JUMPS {
+        let saved = e.proxier.runner().save(Table::from_name(table)).unwrap();
+        let n = saved
+            .lines()
+            .filter(|l| {
+                l.starts_with(&format!("-A {chain} ")) && l.ends_with(&format!("-j {target}"))
+            })
+            .count();
+        assert_eq!(n, 1, "{table} {chain} -> {target}:\n{saved}");
+    }
+}

@@ -9,6 +9,13 @@
 //! transaction changes nothing (nft commits all or nothing) and makes the next sync full.
 //! [`cleanup`] deletes both tables (`--cleanup`, and the switch to iptables mode).
 //!
+//! Between syncs, [`Proxier::check_dataplane`] lists one small base chain,
+//! `nat-prerouting`, and looks for its only rule, `jump services`: a `nft delete table ip
+//! kube-proxy` (or `nft flush ruleset`) removes the chain, a `nft flush table ip kube-proxy`
+//! (which keeps chains, sets and maps) removes the rule. Either makes the next sync full and
+//! asks for it at once; the table needs no object of its own for this, so its layout stays
+//! upstream's.
+//!
 //! Differences from upstream are listed in `docs/nftables.md`: no anonymous sets or maps per
 //! Service (one `numgen random mod (n-i) 0` rule per endpoint instead), source ranges as one
 //! rule per range, stale chains deleted in the same transaction, the `nodeport-ips` set kept
@@ -29,7 +36,7 @@ use kp_netlink::ConntrackOps;
 use tracing::{info, warn};
 
 use crate::{Host, LocalDetector, NodePortAddresses, Proxier, ProxierError, ProxyMode, SyncReport};
-use names::TABLE;
+use names::{NAT_PREROUTING, SERVICES, TABLE};
 use reconcile::State;
 use render::RenderConfig;
 
@@ -274,6 +281,31 @@ impl<N: Nft> Proxier for NftablesProxier<N> {
             "synced nftables rules"
         );
         Ok(report)
+    }
+
+    /// One `nft list chain ip|ip6 kube-proxy nat-prerouting`: the chain must exist and hold
+    /// its `jump services` rule (see the module documentation). Nothing is checked before the
+    /// first successful sync or while the next sync is full anyway.
+    fn check_dataplane(&mut self) -> Result<bool, ProxierError> {
+        if self.needs_full {
+            return Ok(false);
+        }
+        let family = ip_version(self.family);
+        let canary = format!("jump {SERVICES}");
+        let problem = match self.nft.list_chain(family, TABLE, NAT_PREROUTING)? {
+            None => "its chain nat-prerouting (or the whole table) is gone",
+            Some(text) if !text.lines().any(|l| l.trim() == canary) => {
+                "its chain nat-prerouting lost its rule (the table was flushed)"
+            }
+            Some(_) => return Ok(false),
+        };
+        warn!(
+            family = %self.family,
+            "nftables rules were removed by something else (table {} {TABLE}: {problem}); resyncing everything",
+            kp_netfilter::family_name(family)
+        );
+        self.needs_full = true;
+        Ok(true)
     }
 }
 

@@ -62,6 +62,14 @@ impl Nft for TestNft {
     fn list_table(&self, f: IpVersion, t: &str) -> Result<Option<String>, kp_netfilter::Error> {
         self.inner.list_table(f, t)
     }
+    fn list_chain(
+        &self,
+        f: IpVersion,
+        t: &str,
+        c: &str,
+    ) -> Result<Option<String>, kp_netfilter::Error> {
+        self.inner.list_chain(f, t, c)
+    }
     fn list_objects(&self, f: IpVersion, t: &str) -> Result<TableObjects, kp_netfilter::Error> {
         self.inner.list_objects(f, t)
     }
@@ -634,4 +642,54 @@ fn every_payload_is_one_transaction() {
     assert!(!listing(&p).contains("shop/web"));
     let changed: BTreeSet<NamespacedName> = [NamespacedName::new("shop", "web")].into();
     assert!(!p.state().fixed().is_empty() && !changed.is_empty());
+}
+
+/// The check between syncs lists `nat-prerouting` only: nothing to report while the table
+/// is intact (and nothing written); `nft delete table` and `nft flush table` (which keeps
+/// chains, sets and elements but no rule) are both noticed, in both families, and the next
+/// sync, with no change of Services, is full and leaves the table exactly as it was.
+#[test]
+fn a_deleted_or_flushed_table_is_noticed_and_the_next_sync_repairs_it() {
+    if !require_root() {
+        return;
+    }
+    for (family, fam, cip, ep) in [
+        (IpFamily::V4, "ip", "10.96.0.10", "10.0.1.4"),
+        (IpFamily::V6, "ip6", "fd00:10:96::a", "fd00:10:244::4"),
+    ] {
+        let ns = Netns::new("nft-canary").unwrap();
+        let mut t = tracker(family);
+        t.apply(SourceEvent::ServiceUpsert(svc("web", cip, 80)));
+        let mut sl = slice("web", 8080, &[(ep, NODE)]);
+        if family == IpFamily::V6 {
+            sl.address_type = kp_model::SliceAddressType::V6;
+        }
+        t.apply(SourceEvent::SliceUpsert(sl));
+        let mut p = proxier(&ns, family, cfg());
+        assert!(
+            !p.check_dataplane().unwrap(),
+            "nothing to check before the first sync"
+        );
+        let report = sync(&mut p, &mut t);
+        assert!(report.full && report.endpoints == 1, "{report:?}");
+        let good = canonical(&p);
+        let applied = p.runner().payloads.lock().unwrap().len();
+        assert!(!p.check_dataplane().unwrap());
+        assert_eq!(p.runner().payloads.lock().unwrap().len(), applied);
+        for command in ["delete", "flush"] {
+            ns.run("nft", [command, "table", fam, names::TABLE])
+                .unwrap();
+            assert_ne!(canonical(&p), good);
+            assert!(p.check_dataplane().unwrap(), "{fam}: nft {command} table");
+            // The next sync is full anyway: nothing more to check until it ran.
+            assert!(!p.check_dataplane().unwrap());
+            let report = sync(&mut p, &mut t);
+            assert!(
+                report.full,
+                "{fam}: the repair after {command} is a full sync"
+            );
+            assert_eq!(canonical(&p), good, "{fam}: {command}");
+            assert!(!p.check_dataplane().unwrap());
+        }
+    }
 }

@@ -333,6 +333,8 @@ fn other_mode_chains(table: &str, kernel: &KernelTable) -> Vec<String> {
             }
         })
         .filter(|c| !NAT_CHAINS.contains(&c.as_str()) && !FILTER_CHAINS.contains(&c.as_str()))
+        // Shared by the modes: a full sync writes it again (see `iptables::canary`).
+        .filter(|c| c.as_str() != crate::iptables::canary::KUBE_PROXY_CANARY)
         .cloned()
         .collect()
 }
@@ -451,7 +453,10 @@ impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
             } else {
                 None
             };
-            let payload = self.payload(&rules, kernel.as_ref());
+            let mut payload = self.payload(&rules, kernel.as_ref());
+            if full {
+                payload.push_str(crate::iptables::canary::CANARY_BLOCKS);
+            }
             payload_bytes = payload.len();
             self.ipt.restore(payload.as_bytes())?;
         }
@@ -483,6 +488,28 @@ impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
             conntrack_deleted: 0,
         })
     }
+
+    /// The `KUBE-PROXY-CANARY` check of iptables mode ([`crate::iptables::canary`]): the
+    /// portal rules are iptables rules like any other. The proxy sockets are not checked
+    /// (nothing outside this process can close them).
+    fn check_dataplane(&mut self) -> Result<bool, ProxierError> {
+        if self.needs_full {
+            return Ok(false);
+        }
+        // A proxy socket that could not be opened (its port taken, the range exhausted) is
+        // tried again every sync period, not only when something else changes.
+        if !self.failed.is_empty() {
+            info!(
+                listeners = self.failed.len(),
+                "retrying the proxy sockets that could not be opened"
+            );
+            self.needs_full = true;
+            return Ok(true);
+        }
+        let missing = crate::iptables::canary::check(&self.ipt, self.family)?;
+        self.needs_full |= missing;
+        Ok(missing)
+    }
 }
 
 /// Whether `ipt`'s tables hold userspace mode's chains.
@@ -502,8 +529,9 @@ pub fn has_leftovers<I: Iptables + ?Sized>(ipt: &I) -> Result<bool, ProxierError
     Ok(has(&nat, &NAT_CHAINS) || has(&filter, &FILTER_CHAINS))
 }
 
-/// Removes userspace mode's chains and the jumps to them (leaving every other rule alone);
-/// returns the chains removed, as `table/chain`. Used by `--cleanup` and when another mode
+/// Removes userspace mode's chains and the jumps to them, and the `KUBE-PROXY-CANARY`
+/// chains of its full syncs (the next mode's first full sync writes its own), leaving every
+/// other rule alone; returns the chains removed, as `table/chain`. Used when another mode
 /// starts.
 ///
 /// # Errors
@@ -511,6 +539,7 @@ pub fn has_leftovers<I: Iptables + ?Sized>(ipt: &I) -> Result<bool, ProxierError
 pub fn cleanup<I: Iptables + ?Sized>(ipt: &I) -> Result<Vec<String>, ProxierError> {
     let mut out = String::new();
     let mut removed = Vec::new();
+    let canary = crate::iptables::canary::KUBE_PROXY_CANARY;
     for (table, name, chains) in [
         (Table::Filter, "filter", &FILTER_CHAINS[..]),
         (Table::Nat, "nat", &NAT_CHAINS[..]),
@@ -520,6 +549,7 @@ pub fn cleanup<I: Iptables + ?Sized>(ipt: &I) -> Result<Vec<String>, ProxierErro
         let present: Vec<&str> = chains
             .iter()
             .copied()
+            .chain([canary])
             .filter(|c| kt.chains.contains(*c))
             .collect();
         if present.is_empty() {
@@ -541,6 +571,10 @@ pub fn cleanup<I: Iptables + ?Sized>(ipt: &I) -> Result<Vec<String>, ProxierErro
             removed.push(format!("{name}/{c}"));
         }
         out.push_str("COMMIT\n");
+    }
+    if let Some(mangle) = crate::iptables::canary::mangle_cleanup(ipt)? {
+        out.push_str(&mangle);
+        removed.push(format!("mangle/{canary}"));
     }
     if !out.is_empty() {
         ipt.restore(out.as_bytes())?;

@@ -152,10 +152,19 @@ fn a_listener_that_cannot_open_gets_no_rules() {
     p.sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
         .unwrap();
     assert!(!nat(&p).contains("ns/web"));
+    // The periodic check asks for a sync while a socket is missing, even with no change.
+    assert!(p.check_dataplane().unwrap());
+    p.sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
+        .unwrap();
     p.relay.failing.clear();
+    assert!(p.check_dataplane().unwrap());
     p.sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
         .unwrap();
     assert!(nat(&p).contains("ns/web"));
+    assert!(
+        !p.check_dataplane().unwrap(),
+        "all sockets open: nothing to retry"
+    );
 }
 
 #[test]
@@ -179,12 +188,78 @@ fn cleanup_removes_only_userspace_chains() {
         .unwrap();
     assert!(has_leftovers(p.runner()).unwrap());
     let removed = cleanup(p.runner()).unwrap();
-    assert_eq!(removed.len(), 5, "{removed:?}");
+    assert_eq!(removed.len(), 8, "{removed:?}");
+    for table in ["mangle", "nat", "filter"] {
+        assert!(
+            removed.contains(&format!("{table}/KUBE-PROXY-CANARY")),
+            "{removed:?}"
+        );
+    }
     assert!(!has_leftovers(p.runner()).unwrap());
     let saved = nat(&p);
     assert!(saved.contains("-A PREROUTING -j OTHER"), "{saved}");
     assert!(!saved.contains("KUBE-"), "{saved}");
     assert!(cleanup(p.runner()).unwrap().is_empty());
+}
+
+/// Userspace mode's portal rules get the canaries of iptables mode: a full sync writes them,
+/// the check notices a flushed nat table, and the next sync (full) puts the portals back.
+#[test]
+fn a_flushed_nat_table_is_noticed_and_the_next_sync_repairs_it() {
+    let mut p = proxier();
+    let snap = web_snapshot(&["10.0.2.5"]);
+    assert!(!p.check_dataplane().unwrap(), "nothing to check yet");
+    p.sync(&snap, &Changes::default()).unwrap();
+    let good = p.runner().save(None).unwrap();
+    assert_eq!(
+        good.matches(":KUBE-PROXY-CANARY - [0:0]").count(),
+        3,
+        "{good}"
+    );
+    assert!(!p.check_dataplane().unwrap());
+    p.runner().restore(b"*nat\n-F\n-X\nCOMMIT\n").unwrap();
+    assert!(!nat(&p).contains("KUBE-PORTALS"));
+    assert!(p.check_dataplane().unwrap());
+    assert!(p.sync(&snap, &Changes::default()).unwrap().full);
+    assert_eq!(p.runner().save(None).unwrap(), good);
+    assert!(!p.check_dataplane().unwrap());
+}
+
+/// A partial sync whose rules changed (a Service replaced by another) rewrites the portal
+/// chains but leaves the jumps from the built-in chains alone: each stays there once (they
+/// used to be inserted again by every such sync).
+#[test]
+fn a_partial_restore_does_not_repeat_the_jumps() {
+    let mut p = proxier();
+    p.sync(&web_snapshot(&["10.0.2.5"]), &Changes::default())
+        .unwrap();
+    let other = ServiceBuilder::new("ns/other", "10.96.0.11")
+        .tcp("", 81)
+        .build();
+    let snap = snapshot(IpFamily::V4, "node-a", vec![other], vec![]);
+    let restores = p.runner().restore_count();
+    assert!(!p.sync(&snap, &Changes::default()).unwrap().full);
+    assert_eq!(p.runner().restore_count(), restores + 1);
+    let saved = nat(&p);
+    assert!(saved.contains("ns/other"), "{saved}");
+    for target in [
+        "KUBE-PORTALS-CONTAINER",
+        "KUBE-PORTALS-HOST",
+        "KUBE-NODEPORT-CONTAINER",
+        "KUBE-NODEPORT-HOST",
+    ] {
+        assert_eq!(
+            saved.matches(&format!("-j {target}\n")).count(),
+            1,
+            "{target}:\n{saved}"
+        );
+    }
+    let filter = p.runner().save(Some(Table::Filter)).unwrap();
+    assert_eq!(
+        filter.matches("-j KUBE-NODEPORT-NON-LOCAL\n").count(),
+        1,
+        "{filter}"
+    );
 }
 
 /// Partial syncs that change rules write no jumps (the full sync checked them); a full sync

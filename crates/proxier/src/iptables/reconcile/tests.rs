@@ -51,7 +51,12 @@ fn fresh_node_gets_every_jump_in_upstream_order() {
     );
     assert!(p.contains("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-A - [0:0]\n"));
     assert!(p.contains("-I POSTROUTING 1 -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n"));
-    assert_eq!(p.matches("COMMIT\n").count(), 2);
+    // filter, nat, then the three canary blocks (mangle, nat, filter), as upstream's
+    // iptables-save of a node shows them.
+    assert_eq!(p.matches("COMMIT\n").count(), 5);
+    assert!(p.ends_with(
+        "COMMIT\n*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n*nat\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n*filter\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n"
+    ));
     // Chains are declared before any rule uses them.
     let filter_decl = p.find(":KUBE-FIREWALL").unwrap();
     let first_jump = p.find("-I INPUT").unwrap();
@@ -95,7 +100,10 @@ fn existing_jumps_are_not_duplicated_and_stale_chains_deleted() {
         "-I OUTPUT 1 -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"
     ));
     assert!(p.contains(":KUBE-SVC-OLD - [0:0]\n"));
-    assert!(p.ends_with("-X KUBE-SEP-OLD\n-X KUBE-SVC-OLD\nCOMMIT\n"));
+    assert!(p.ends_with(&format!(
+        "-X KUBE-SEP-OLD\n-X KUBE-SVC-OLD\nCOMMIT\n{}",
+        crate::iptables::canary::CANARY_BLOCKS
+    )));
     assert!(!p.contains("CALICO"), "chains of others are never touched");
 }
 
@@ -122,6 +130,10 @@ fn partial_deletes_what_the_previous_sync_wrote() {
     assert!(
         !p.contains("-I "),
         "partial syncs do not touch the built-in chains"
+    );
+    assert!(
+        !p.contains("CANARY") && p.matches("COMMIT\n").count() == 2,
+        "only full syncs write the canaries"
     );
 }
 
