@@ -258,7 +258,8 @@ pub struct ProxyArgs {
 
     /// With --manifests: where each manifest file's last good version is kept, so a restart
     /// with a broken file still serves what it last defined (the error names the copy and
-    /// its Services); empty: nowhere. Not written by --dry-run.
+    /// its Services); empty: nowhere. The daemon only: --dry-run and --once neither read nor
+    /// write it.
     #[arg(long, default_value = kp_source::state_dir::DEFAULT_STATE_DIR, value_name = "DIR")]
     pub state_dir: String,
 

@@ -597,7 +597,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         let counter = skipped.clone();
         let mut source: tokio::task::JoinHandle<anyhow::Result<()>> = match args.manifests.clone() {
             Some(path) => {
-                let state_dir = (!args.dry_run && !args.state_dir.trim().is_empty())
+                let state_dir = (!args.dry_run && !args.once && !args.state_dir.trim().is_empty())
                     .then(|| Arc::new(kp_source::state_dir::StateDir::new(args.state_dir.trim())));
                 let opts = kp_source::watch::WatchOptions {
                     grace: args.manifest_grace_period,
