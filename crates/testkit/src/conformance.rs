@@ -278,6 +278,27 @@ pub fn scenarios() -> Vec<Scenario> {
     out
 }
 
+/// Adds `mode`'s exceptions: each `(scenario, row-name prefix, expectation, why)` names
+/// exactly one row (a typo in the table is a panic, not a silently unused exception).
+fn add_exceptions(
+    scenarios: &mut [Scenario],
+    mode: &'static str,
+    table: Vec<(&str, &str, Expect, &'static str)>,
+) {
+    for (scenario, row, expect, why) in table {
+        let rows: Vec<&mut Row> = scenarios
+            .iter_mut()
+            .filter(|s| s.name == scenario)
+            .flat_map(|s| s.rows.iter_mut())
+            .filter(|r| r.name.starts_with(row))
+            .collect();
+        assert_eq!(rows.len(), 1, "{mode} exception {scenario}: {row}");
+        for r in rows {
+            r.exceptions.push((mode, expect.clone(), why));
+        }
+    }
+}
+
 /// Userspace mode (docs/userspace.md), besides the one blanket difference its runner
 /// applies to every row: the proxy connects to the endpoint itself, so every branch is
 /// masqueraded (the client address is always hidden).
@@ -303,18 +324,7 @@ fn add_userspace_exceptions(scenarios: &mut [Scenario]) {
             SOURCE_RANGES,
         ),
     ];
-    for (scenario, row, expect, why) in table {
-        let rows: Vec<&mut Row> = scenarios
-            .iter_mut()
-            .filter(|s| s.name == scenario)
-            .flat_map(|s| s.rows.iter_mut())
-            .filter(|r| r.name.starts_with(row))
-            .collect();
-        assert_eq!(rows.len(), 1, "userspace exception {scenario}: {row}");
-        for r in rows {
-            r.exceptions.push(("userspace", expect.clone(), why));
-        }
-    }
+    add_exceptions(scenarios, "userspace", table);
 }
 
 /// Upstream's IPVS mode: kube-ipvs0's KUBE-IPVS-FILTER (kubernetes#72236) rejects a new
@@ -421,18 +431,7 @@ fn add_ipvs_exceptions(scenarios: &mut [Scenario]) {
             IPVS_NO_SHORT_CIRCUIT,
         ),
     ];
-    for (scenario, row, expect, why) in table {
-        let rows: Vec<&mut Row> = scenarios
-            .iter_mut()
-            .filter(|s| s.name == scenario)
-            .flat_map(|s| s.rows.iter_mut())
-            .filter(|r| r.name.starts_with(row))
-            .collect();
-        assert_eq!(rows.len(), 1, "ipvs exception {scenario}: {row}");
-        for r in rows {
-            r.exceptions.push(("ipvs", expect.clone(), why));
-        }
-    }
+    add_exceptions(scenarios, "ipvs", table);
 }
 
 /// Rows where upstream's nftables mode rejects traffic to a ClusterIP on a port no Service
