@@ -152,7 +152,9 @@ pub struct TraceArgs {
 /// `--proxy-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ProxyModeArg {
-    /// iptables rules (KUBE-SERVICES → KUBE-SVC → KUBE-SEP); the default.
+    /// iptables rules (KUBE-SERVICES → KUBE-SVC → KUBE-SEP); the default, also taken for an
+    /// empty value as upstream does.
+    #[value(alias = "")]
     Iptables,
     /// nftables: table `kube-proxy` (families ip and ip6), verdict maps, one `nft -f`
     /// transaction per sync.
@@ -253,7 +255,7 @@ pub struct ProxyArgs {
     /// With --manifests: how long a file that is still there but became empty, or lost
     /// every object it defined, keeps its objects (a file rewritten in place is empty for a
     /// moment); a warning says so. 0 removes them at once. Deleting a file always does.
-    #[arg(long, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
+    #[arg(long, allow_hyphen_values = true, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub manifest_grace_period: Duration,
 
     /// With --manifests: where each manifest file's last good version is kept, so a restart
@@ -306,14 +308,14 @@ pub struct ProxyArgs {
     pub iptables_localhost_nodeports: bool,
 
     /// Minimum time between two syncs (Go duration: 1s, 500ms, 1m30s).
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "1s", value_parser = parse_duration)]
     pub iptables_min_sync_period: Duration,
 
     /// The period that the rules are refreshed: how often they are checked for removal by
     /// something else (the KUBE-PROXY-CANARY chains; nftables: the kube-proxy table) and
     /// rewritten at once when they were, and the retry interval after a failed sync (Go
     /// duration).
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "30s", value_parser = parse_duration)]
     pub iptables_sync_period: Duration,
 
     /// Do not drop packets in conntrack state INVALID (set when
@@ -354,8 +356,9 @@ pub struct ProxyArgs {
     #[arg(short = 'v', long = "v", default_value_t = 0, value_name = "N")]
     pub verbosity: u8,
 
-    /// Overrides the node's primary IP (upstream's historical name: no socket is bound to
-    /// it). Validated; `0.0.0.0` / `::` means "detect".
+    /// Overrides the node's primary IP of its family, where `--nodeport-addresses primary`
+    /// serves NodePorts (upstream's historical name: no socket is bound to it). `0.0.0.0` /
+    /// `::` means "the Node object's first InternalIP".
     #[arg(long, default_value = "0.0.0.0", value_name = "IP")]
     pub bind_address: std::net::IpAddr,
 
@@ -379,19 +382,19 @@ pub struct ProxyArgs {
     pub conntrack_min: i32,
 
     /// nf_conntrack_tcp_timeout_established (Go duration; 0 leaves it as it is).
-    #[arg(long, default_value = "24h0m0s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "24h0m0s", value_parser = parse_duration)]
     pub conntrack_tcp_timeout_established: Duration,
 
     /// nf_conntrack_tcp_timeout_close_wait (Go duration; 0 leaves it as it is).
-    #[arg(long, default_value = "1h0m0s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "1h0m0s", value_parser = parse_duration)]
     pub conntrack_tcp_timeout_close_wait: Duration,
 
     /// nf_conntrack_udp_timeout, for unreplied UDP flows (Go duration; 0 leaves it as it is).
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "0s", value_parser = parse_duration)]
     pub conntrack_udp_timeout: Duration,
 
     /// nf_conntrack_udp_timeout_stream, for assured UDP flows (Go duration; 0 leaves it).
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "0s", value_parser = parse_duration)]
     pub conntrack_udp_timeout_stream: Duration,
 
     /// Apply the one-time node settings (the conntrack sysctls) and exit.
@@ -419,7 +422,7 @@ pub struct ProxyArgs {
 #[derive(Debug, Args)]
 pub struct CompatArgs {
     /// How often configuration from the API server is refreshed (watches are used instead).
-    #[arg(long, default_value = "15m0s", value_parser = parse_duration, hide = true)]
+    #[arg(long, allow_hyphen_values = true, default_value = "15m0s", value_parser = parse_duration, hide = true)]
     pub config_sync_period: Duration,
 
     /// Content type of API requests (kube-proxy-rs speaks JSON).
@@ -453,7 +456,7 @@ pub struct CompatArgs {
 
     /// Userspace mode: how long an idle UDP flow (one per client address and port) is kept
     /// (Go duration, upstream's default 250ms).
-    #[arg(long, default_value = "250ms", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "250ms", value_parser = parse_duration)]
     pub udp_timeout: Duration,
 
     /// Userspace mode: TCP connections and UDP flows the proxy keeps open at once, over all
@@ -464,11 +467,11 @@ pub struct CompatArgs {
 
     /// IPVS mode: how often the whole IPVS table, kube-ipvs0 and the ipsets are read back and
     /// repaired (a full sync), and the retry interval after a failed sync.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "30s", value_parser = parse_duration)]
     pub ipvs_sync_period: Duration,
 
     /// IPVS mode: minimum time between syncs.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "1s", value_parser = parse_duration)]
     pub ipvs_min_sync_period: Duration,
 
     /// IPVS mode: the scheduler of every virtual server (rr, wrr, lc, wlc, lblc, lblcr, sh,
@@ -487,15 +490,15 @@ pub struct CompatArgs {
     pub ipvs_strict_arp: bool,
 
     /// IPVS mode: idle timeout of established TCP connections (0: the kernel's, 900 s).
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "0s", value_parser = parse_duration)]
     pub ipvs_tcp_timeout: Duration,
 
     /// IPVS mode: timeout of TCP connections after a FIN (0: the kernel's, 120 s).
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "0s", value_parser = parse_duration)]
     pub ipvs_tcpfin_timeout: Duration,
 
     /// IPVS mode: UDP flow timeout (0: the kernel's, 300 s).
-    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, default_value = "0s", value_parser = parse_duration)]
     pub ipvs_udp_timeout: Duration,
 
     /// Log format: `text` (the only one here) or `json` (accepted, logs stay text).
@@ -503,7 +506,7 @@ pub struct CompatArgs {
     pub logging_format: String,
 
     /// Maximum time between log flushes (logs are written unbuffered here).
-    #[arg(long, default_value = "5s", value_parser = parse_duration, hide = true)]
+    #[arg(long, allow_hyphen_values = true, default_value = "5s", value_parser = parse_duration, hide = true)]
     pub log_flush_frequency: Duration,
 
     /// Per-file verbosity, `pattern=N` comma-separated (use RUST_LOG instead).
@@ -672,6 +675,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     }
     if s.is_empty() {
         return Err(bad());
+    }
+    if s.starts_with('-') && s.len() > 1 {
+        return Err(format!(
+            "invalid duration {text:?}: durations cannot be negative"
+        ));
     }
     let mut total = 0f64;
     let mut rest = s;

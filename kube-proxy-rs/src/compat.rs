@@ -107,7 +107,7 @@ pub fn log_noop_flags(args: &ProxyArgs, explicit: impl Fn(&str) -> bool) {
         }
     }
     if !args.bind_address.is_unspecified() {
-        info!(bind_address = %args.bind_address, "--bind-address accepted: kube-proxy-rs takes the node's addresses from the Node object and the host, as with 0.0.0.0");
+        info!(bind_address = %args.bind_address, "--bind-address: this is the node's primary IP of its family, before the Node object's addresses");
     }
 }
 

@@ -27,10 +27,14 @@ fn init_tracing(verbosity: u8) {
         2 | 3 => "debug",
         _ => "trace",
     };
-    // notify logs an expected "unable to remove watch descriptor" at INFO when a watched
-    // directory is deleted; keep the library at WARN.
+    // notify's inotify backend logs two expected messages when a watched subdirectory is
+    // deleted: "unable to remove watch descriptor" at INFO, and "Unable to remove the path
+    // from the watches: ... WatchNotFound" at WARN (the parent's DELETE event and the
+    // directory's own DELETE_SELF each drop the same watch; the second finds it gone). They
+    // are its only messages at those levels, and neither means a change is missed: watch
+    // errors reach the source's handler, which reloads and logs them itself.
     let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{default},notify=warn")));
+        .unwrap_or_else(|_| EnvFilter::new(format!("{default},notify=warn,notify::inotify=error")));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

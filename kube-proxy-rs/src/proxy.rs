@@ -98,14 +98,8 @@ fn local_detector(args: &ProxyArgs) -> anyhow::Result<LocalDetector> {
         .detect_local_mode
         .unwrap_or(DetectLocalModeArg::ClusterCidr);
     Ok(match mode {
-        DetectLocalModeArg::ClusterCidr if cidrs.is_empty() => {
-            // Upstream warns the same way: without a way to tell pods from other sources,
-            // neither the off-cluster masquerade rule nor the pod short-circuit is written.
-            warn!(
-                "no --cluster-cidr: traffic to ClusterIPs from outside the cluster is not masqueraded, and pod traffic to Local-policy NodePorts is not short-circuited"
-            );
-            LocalDetector::None
-        }
+        // Warned about by `run` when it programs rules (not for --cleanup).
+        DetectLocalModeArg::ClusterCidr if cidrs.is_empty() => LocalDetector::None,
         DetectLocalModeArg::ClusterCidr => LocalDetector::Cidrs(cidrs),
         DetectLocalModeArg::NodeCidr => LocalDetector::NodeCidr,
         DetectLocalModeArg::BridgeInterface => LocalDetector::BridgeInterface(interface_name(
@@ -442,6 +436,7 @@ fn spawn_loop<P: Proxier + 'static>(
 /// Invalid flags, a missing source, a failed `--once`/`--cleanup`, or a source failure.
 pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     let detector = local_detector(&args)?;
+    let no_cluster_cidr = matches!(detector, LocalDetector::None);
     let ipt_cfg = iptables_config(&args, detector.clone())?;
     let nft_cfg = nftables_config(&args, detector.clone())?;
     // IPVS settings are checked only in IPVS mode, as upstream (a leftover typo must not stop
@@ -464,6 +459,13 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             );
         }
         return cleanup(backend, &ipvs_cfg.exclude_cidrs);
+    }
+    if no_cluster_cidr {
+        // Upstream warns the same way: without a way to tell pods from other sources,
+        // neither the off-cluster masquerade rule nor the pod short-circuit is written.
+        warn!(
+            "no --cluster-cidr: traffic to ClusterIPs from outside the cluster is not masqueraded, and pod traffic to Local-policy NodePorts is not short-circuited"
+        );
     }
     // IPVS mode needs kernel features and a tool; without them fall back to iptables mode
     // with a warning naming what is missing, as kube-proxy did (seed 003), rather than
@@ -521,9 +523,11 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     if let Some(path) = &args.manifests
-        && !path.exists()
+        && let Err(e) = std::fs::metadata(path)
     {
-        bail!("--manifests {}: no such file or directory", path.display());
+        // The system's own words: "No such file or directory", "Too many levels of symbolic
+        // links" (a link loop), "Permission denied", ...
+        bail!("--manifests {}: {e}", path.display());
     }
     if args.manifests.is_some() && (args.kubeconfig.is_some() || args.master.is_some()) {
         bail!("--manifests and --kubeconfig/--master both name a source of Services; pass one");
@@ -681,7 +685,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             let observer: Arc<dyn kp_runtime::SyncObserver> = Arc::new(crate::admin::Observer::new(admin.clone(), i == 0));
             let (ftx, frx) = mpsc::channel(64);
             senders.push(ftx);
-            let tracker = Tracker::new(family, node.clone());
+            let tracker = Tracker::new(family, node.clone()).with_primary_ip(args.bind_address);
             // One warning about a missing own Node, not one per family.
             let tracker = if i == 0 { tracker } else { tracker.without_missing_node_warning() };
             let version = match family {
@@ -858,6 +862,10 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         }
         source.abort();
         fan_out.abort();
+        if mode == RunMode::Daemon {
+            // Once for every family; a dry run or --once never gets here as a daemon.
+            info!("shutting down; the programmed rules stay in place");
+        }
         for (family, ipset_sink, ipvs_sink) in ipvs_outputs {
             let sets = ipset_sink.lock().map(|s| s.clone()).unwrap_or_default();
             let table = ipvs_sink.lock().map(|s| s.clone()).unwrap_or_default();

@@ -303,3 +303,34 @@ fn manifest_text_cannot_forge_log_lines() {
         "{err}"
     );
 }
+
+/// A `--manifests` path that cannot be read is reported with the system's reason: a
+/// symbolic-link loop is not "no such file or directory". The same inside a directory.
+#[test]
+fn an_unreadable_manifest_path_names_the_real_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let lp = dir.path().join("loop.yaml");
+    std::os::unix::fs::symlink(&lp, &lp).unwrap();
+    let (ok, _, err) = run(&["--manifests", lp.to_str().unwrap(), "--dry-run"]);
+    assert!(!ok);
+    assert!(
+        err.contains("symbolic links") && !err.to_lowercase().contains("no such file"),
+        "{err}"
+    );
+    let missing = dir.path().join("missing.yaml");
+    let (ok, _, err) = run(&["--manifests", missing.to_str().unwrap(), "--dry-run"]);
+    assert!(!ok);
+    assert!(err.contains("No such file or directory"), "{err}");
+    // A loop inside a manifest directory: that file's error says so; the rest is read.
+    let m = dir.path().join("m");
+    std::fs::create_dir(&m).unwrap();
+    std::fs::copy(SEED, m.join("10-seed.yaml")).unwrap();
+    let inner = m.join("20-loop.yaml");
+    std::os::unix::fs::symlink(&inner, &inner).unwrap();
+    let (_, out, err) = run(&["--manifests", m.to_str().unwrap(), "--dry-run"]);
+    assert!(
+        err.contains("20-loop.yaml") && err.contains("symbolic links"),
+        "{err}"
+    );
+    assert!(out.contains("default/nginx-svc"), "{out}");
+}

@@ -367,6 +367,8 @@ fn resync_is_identical_and_cleanup_restores_the_tables(mode: Mode) {
     }
     let (ok, _, err) = run_in(&ns, &["--cleanup"]);
     assert!(ok, "a second cleanup is a no-op: {err}");
+    // --cleanup programs nothing, so what --cluster-cidr would change is not its concern.
+    assert!(!err.contains("--cluster-cidr"), "{err}");
 }
 
 /// The daemon stops cleanly on SIGTERM (a Pod deletion) and SIGINT: exit status 0, no
@@ -406,6 +408,13 @@ fn daemon_stops_cleanly_on_signals(mode: Mode) {
         assert!(
             status.success() && !log.contains("panicked"),
             "SIG{signal}: {status}\n{log}"
+        );
+        // Said once, however many families were programmed.
+        assert_eq!(
+            log.matches("shutting down; the programmed rules stay in place")
+                .count(),
+            1,
+            "SIG{signal}:\n{log}"
         );
         assert_eq!(
             mode.ruleset(&ns),
@@ -1821,4 +1830,42 @@ fn a_broken_manifest_is_served_from_its_last_good_copy_after_a_restart() {
 
 fn proxy_log(dir: &std::path::Path) -> String {
     std::fs::read_to_string(dir.join("proxy.log")).unwrap_or_default()
+}
+
+/// Deleting a subdirectory of the manifest directory deletes its Services, and the log says
+/// nothing alarming about it (notify's "Unable to remove the path from the watches: ...
+/// WatchNotFound" is an expected double removal, filtered out).
+#[test]
+fn a_deleted_manifest_subdirectory_removes_its_services_quietly() {
+    if !require_root() {
+        return;
+    }
+    let (topology, _servers) = seed_topology();
+    let node = topology.node();
+    let dir = tempdir();
+    let manifests = dir.path().join("m");
+    let sub = manifests.join("team-a");
+    std::fs::create_dir_all(&sub).unwrap();
+    write(&manifests, "10-seed.yaml", SEED_CLUSTER);
+    write(&sub, "80-probe.yaml", SEED_EXTRA_SERVICES);
+    let mut args = vec!["--manifests", manifests.to_str().unwrap()];
+    args.extend(NODE_ARGS);
+    let mut proxy = Daemon::start(Mode::Iptables, node, dir.path(), &args, None);
+    proxy.wait_nat_rules_contain(node, "default/web");
+    std::fs::remove_dir_all(&sub).unwrap();
+    proxy.wait_until("the deleted subdirectory's Service was removed", || {
+        !Mode::Iptables.nat_rules(node).contains("default/web")
+    });
+    // A moment for any late log line.
+    std::thread::sleep(Duration::from_millis(500));
+    let log = proxy.log();
+    assert!(
+        !log.contains("WatchNotFound") && !log.contains("Unable to remove"),
+        "{log}"
+    );
+    assert!(
+        !log.lines()
+            .any(|l| l.contains(" WARN ") && l.to_lowercase().contains("watch")),
+        "nothing to warn about the watches:\n{log}"
+    );
 }

@@ -149,6 +149,21 @@ fn bad_values_are_rejected_naming_the_flag() {
         let name = args[0].split('=').next().unwrap();
         assert!(err.contains(name), "{err}");
     }
+    // A negative duration is a bad value, not an unknown flag, in either spelling.
+    for args in [
+        &["--iptables-min-sync-period", "-1s"][..],
+        &["--iptables-min-sync-period=-1s"],
+        &["--config-sync-period", "-15m"],
+    ] {
+        let (rc, _, err) = run(args);
+        assert_eq!(rc, Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("durations cannot be negative")
+                && err.contains(args[0].split('=').next().unwrap()),
+            "{args:?}: {err}"
+        );
+        assert!(!err.contains("unexpected argument"), "{err}");
+    }
 }
 
 #[test]
@@ -336,5 +351,64 @@ fn dry_run_checks_this_nodes_iptables_for_random_fully() {
     {
         let here = dry(None);
         assert!(here.contains("-j MASQUERADE --random-fully"), "{here}");
+    }
+}
+
+/// `--bind-address` is upstream's override of the node's primary IP: NodePorts with
+/// `--nodeport-addresses primary` (nftables mode's default) are served on it rather than on
+/// the Node object's InternalIP. Checked on the dry run, which prints the daemon's rules.
+#[test]
+fn bind_address_overrides_the_primary_node_ip() {
+    let dry = |extra: &[&str]| {
+        let mut args = vec!["--manifests", SEED, "--dry-run", "--proxy-mode=nftables"];
+        args.extend(NODE_ARGS);
+        args.extend(extra);
+        let (rc, out, err) = run(&args);
+        assert_eq!(rc, Some(0), "{err}");
+        out
+    };
+    // The IPv4 elements of `nodeport-ips` (`add element ip kube-proxy nodeport-ips {`, one
+    // address a line, `}`).
+    let node_ip_set = |out: &str| {
+        out.split("add element ip kube-proxy nodeport-ips {")
+            .nth(1)
+            .and_then(|rest| rest.split('}').next())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let default = dry(&[]);
+    assert!(node_ip_set(&default).contains("192.168.56.10"), "{default}");
+    let bound = dry(&["--bind-address=192.168.56.99"]);
+    let set = node_ip_set(&bound);
+    assert!(set.contains("192.168.56.99"), "{bound}");
+    assert!(!set.contains("192.168.56.10"), "{set}");
+}
+
+/// An empty `--proxy-mode` is upstream's default mode (iptables on Linux), in both spellings.
+#[test]
+fn an_empty_proxy_mode_is_the_default_mode() {
+    for mode in [&["--proxy-mode", ""][..], &["--proxy-mode="]] {
+        let mut args = vec!["--manifests", SEED, "--dry-run"];
+        args.extend(NODE_ARGS);
+        args.extend(mode);
+        let (rc, out, err) = run(&args);
+        assert_eq!(rc, Some(0), "{mode:?}: {err}");
+        assert!(
+            out.contains("-A KUBE-SERVICES"),
+            "{mode:?}: not iptables rules:\n{out}"
+        );
+    }
+}
+
+/// A dry run programs nothing, so it never says that the programmed rules stay in place.
+#[test]
+fn a_dry_run_does_not_announce_a_shutdown() {
+    for mode in ["iptables", "nftables"] {
+        let flag = format!("--proxy-mode={mode}");
+        let mut args = vec!["--manifests", SEED, "--dry-run", flag.as_str()];
+        args.extend(NODE_ARGS);
+        let (rc, _, err) = run(&args);
+        assert_eq!(rc, Some(0), "{err}");
+        assert!(!err.contains("shutting down"), "{mode}: {err}");
     }
 }

@@ -631,6 +631,18 @@ pub struct AllOptions {
     pub command: String,
 }
 
+/// The command line as a report records it: the program as `kp-bench`, whatever path or
+/// name it was run by (a report is read on other machines), then the arguments as given.
+/// `args` is the process's arguments, the program first (`std::env::args()`).
+pub fn command_line(args: impl IntoIterator<Item = String>) -> String {
+    let mut args = args.into_iter();
+    let _program = args.next();
+    std::iter::once("kp-bench".to_string())
+        .chain(args)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 impl AllOptions {
     /// The full run: 100, 1k, 5k, 10k Services, 3 runs, 2,000 probes, bulk throughput with
     /// 1 and 4 streams for 3 s each, 10-minute timeouts.
@@ -820,3 +832,22 @@ fn load_average() -> String {
 
 /// The report type of [`run_all`].
 pub type RunReportAlias = report::RunReport;
+
+#[cfg(test)]
+mod command_line_tests {
+    use super::command_line;
+
+    #[test]
+    fn the_recorded_command_names_kp_bench_not_a_path() {
+        let args = [
+            "/work/bench-bin/kp-bench-run",
+            "all",
+            "--out",
+            "docs/benchmarks",
+        ];
+        assert_eq!(
+            command_line(args.iter().map(|s| s.to_string())),
+            "kp-bench all --out docs/benchmarks"
+        );
+    }
+}

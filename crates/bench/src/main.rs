@@ -264,7 +264,7 @@ fn main() -> anyhow::Result<()> {
                 opts.tool_timeout = Duration::from_secs(t);
             }
             opts.rss_binary = std::env::current_exe().ok();
-            opts.command = std::env::args().collect::<Vec<_>>().join(" ");
+            opts.command = kp_bench::command_line(std::env::args());
             let report = kp_bench::run_all(&opts)?;
             if json_stdout {
                 println!(
@@ -358,7 +358,7 @@ fn main() -> anyhow::Result<()> {
                 serde_json::from_str(json).context("reading the guest's report")?;
             report.command = format!(
                 "{} (in the guest: {})",
-                std::env::args().collect::<Vec<_>>().join(" "),
+                kp_bench::command_line(std::env::args()),
                 report.command
             );
             for p in report.write(&out)? {

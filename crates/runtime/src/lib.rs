@@ -201,7 +201,8 @@ impl<P: Proxier + 'static> SyncLoop<P> {
             tokio::select! {
                 biased;
                 () = &mut shutdown => {
-                    info!("shutting down; the programmed rules stay in place");
+                    // The daemon says it once for every family (its rules stay in place).
+                    debug!(%family, "sync loop stopping");
                     return Ok(self.stats);
                 }
                 batch = events.recv(), if events_open => match batch {

@@ -38,9 +38,11 @@
 //! upstream reads it; see [`crate::convert`]) are logged (`WARN`) the same way, once.
 //!
 //! The `notify` library logs `unable to remove watch descriptor from inotify: ... Invalid
-//! argument` (at INFO, target `notify::inotify`) when a watched directory is deleted: the
-//! kernel has already dropped the watch. It is expected and harmless; filter it out in the
-//! program's log setup (`notify=warn`).
+//! argument` (at INFO) and `Unable to remove the path from the watches: ... WatchNotFound`
+//! (at WARN), both with target `notify::inotify`, when a watched subdirectory is deleted: the
+//! kernel has already dropped the watch, and the parent's DELETE event and the directory's
+//! DELETE_SELF both ask notify to forget it. Both are expected and harmless; the program's
+//! log setup filters them out (`notify::inotify=error`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -6,6 +6,7 @@
 mod claims;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use claims::{Claims, Destination, Name, Role};
@@ -66,6 +67,9 @@ pub struct Tracker {
     /// The destinations each proxied Service claims, to warn once about two Services
     /// claiming the same one.
     claims: Claims,
+    /// `--bind-address`, when it is an address of this family: this node's primary IP,
+    /// whatever the Node object says.
+    primary_ip: Option<IpAddr>,
 }
 
 /// How many Services have changes waiting for the next sync, by what changed; a Service whose
@@ -101,7 +105,21 @@ impl Tracker {
             seen_other_nodes: false,
             warned_no_node: false,
             claims: Claims::default(),
+            primary_ip: None,
         }
+    }
+
+    /// Takes `ip` as this node's primary IP of its family, before the Node object's
+    /// addresses, as upstream does with `--bind-address` (its historical name: no socket is
+    /// bound). The primary IP is the one `--nodeport-addresses primary` serves NodePorts on
+    /// and the one checked against loadBalancerSourceRanges for traffic from the node
+    /// itself. An unspecified address (`0.0.0.0`, `::`) or one of the other family changes
+    /// nothing.
+    pub fn with_primary_ip(mut self, ip: IpAddr) -> Self {
+        if !ip.is_unspecified() && self.family.contains(&ip) {
+            self.primary_ip = Some(ip);
+        }
+        self
     }
 
     /// Leaves the warning about a missing own Node object to another tracker: a dual-stack
@@ -308,16 +326,15 @@ impl Tracker {
             .map(|n| n.labels.clone())
             .unwrap_or_default();
         let node_ips: Vec<_> = self
-            .node
-            .as_ref()
-            .map(|n| {
-                n.addresses
+            .primary_ip
+            .into_iter()
+            .chain(
+                self.node
                     .iter()
-                    .copied()
-                    .filter(|ip| self.family.contains(ip))
-                    .collect()
-            })
-            .unwrap_or_default();
+                    .flat_map(|n| n.addresses.iter().copied())
+                    .filter(|ip| self.family.contains(ip) && Some(*ip) != self.primary_ip),
+            )
+            .collect();
         let node_pod_cidrs: Vec<_> = self
             .node
             .as_ref()

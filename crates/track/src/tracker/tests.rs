@@ -636,3 +636,29 @@ fn node_port_and_load_balancer_conflicts() {
     });
     assert!(conflicts(&lines).is_empty(), "{lines:#?}");
 }
+
+#[test]
+fn a_primary_ip_override_comes_before_the_node_objects_addresses() {
+    let node = Node {
+        name: "n1".into(),
+        addresses: vec![ip("10.0.0.5"), ip("10.0.0.6"), ip("fd00::5")],
+        ..Node::default()
+    };
+    // Of this family: first, and not repeated.
+    let mut t = Tracker::new(IpFamily::V4, "n1").with_primary_ip(ip("10.0.0.6"));
+    t.apply(SourceEvent::NodeUpsert(node.clone()));
+    assert_eq!(t.checkout().0.node_ips, [ip("10.0.0.6"), ip("10.0.0.5")]);
+    // Without a Node object it is still the primary IP.
+    let mut t = Tracker::new(IpFamily::V4, "n1").with_primary_ip(ip("192.0.2.1"));
+    synced(&mut t);
+    assert_eq!(t.checkout().0.node_ips, [ip("192.0.2.1")]);
+    // Another family's address, or 0.0.0.0, changes nothing.
+    for other in ["fd00::9", "0.0.0.0"] {
+        let mut t = Tracker::new(IpFamily::V4, "n1").with_primary_ip(ip(other));
+        t.apply(SourceEvent::NodeUpsert(node.clone()));
+        assert_eq!(t.checkout().0.node_ips, [ip("10.0.0.5"), ip("10.0.0.6")]);
+    }
+    let mut t = Tracker::new(IpFamily::V6, "n1").with_primary_ip(ip("fd00::9"));
+    t.apply(SourceEvent::NodeUpsert(node));
+    assert_eq!(t.checkout().0.node_ips, [ip("fd00::9"), ip("fd00::5")]);
+}
