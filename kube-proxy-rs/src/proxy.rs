@@ -815,8 +815,13 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         }
         let fan_out = tokio::spawn(async move {
             while let Some(batch) = rx.recv().await {
-                for s in &senders {
-                    let _ = s.send(batch.clone()).await;
+                // Each family's tracker keeps what it takes from the batch: the last one
+                // gets the batch itself, not a copy.
+                if let Some((last, others)) = senders.split_last() {
+                    for s in others {
+                        let _ = s.send(batch.clone()).await;
+                    }
+                    let _ = last.send(batch).await;
                 }
             }
         });

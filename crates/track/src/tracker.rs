@@ -234,6 +234,16 @@ impl Tracker {
     }
 
     fn upsert_slice(&mut self, mut slice: EndpointSlice) -> bool {
+        let slice_family = match slice.address_type {
+            SliceAddressType::V4 => IpFamily::V4,
+            SliceAddressType::V6 => IpFamily::V6,
+        };
+        if slice_family != self.family {
+            // Never merged into this family's endpoints (see `merge_slices`), so not kept:
+            // a dual-stack proxy holds each slice once, in its family's tracker. A slice's
+            // addressType cannot change, but if a copy of this name is held, it goes.
+            return self.delete_slice(&slice.name);
+        }
         let previous_owner = self.slice_owner.get(&slice.name).cloned();
         if let Some(owner) = &previous_owner {
             if self
@@ -252,13 +262,7 @@ impl Tracker {
         }
         // Upstream's network-programming latency: one sample per changed slice of this
         // family that carries a trigger time.
-        if let Some(t) = &slice.last_change_trigger_time
-            && matches!(
-                (slice.address_type, self.family),
-                (kp_model::SliceAddressType::V4, IpFamily::V4)
-                    | (kp_model::SliceAddressType::V6, IpFamily::V6)
-            )
-        {
+        if let Some(t) = &slice.last_change_trigger_time {
             self.trigger_times.push(t.clone());
         }
         self.interner.endpoint_slice(&mut slice);

@@ -662,3 +662,25 @@ fn a_primary_ip_override_comes_before_the_node_objects_addresses() {
     t.apply(SourceEvent::NodeUpsert(node));
     assert_eq!(t.checkout().0.node_ips, [ip("fd00::9"), ip("fd00::5")]);
 }
+
+/// A tracker keeps only the slices of its family: the IPv6 tracker of a dual-stack proxy
+/// does not hold a copy of every IPv4 slice (they are never merged into its endpoints).
+#[test]
+fn a_tracker_keeps_only_slices_of_its_family() {
+    let mut t = Tracker::new(IpFamily::V6, "node-a");
+    t.apply(SourceEvent::ServiceUpsert(svc(
+        "web",
+        "10.96.0.10",
+        &[("", 80)],
+    )));
+    let v4 = slice("web-1", "web", &[("", 80)], &[("10.0.1.4", "node-a")]);
+    assert!(!t.apply(SourceEvent::SliceUpsert(v4.clone())));
+    assert!(t.slices.is_empty() && t.slice_owner.is_empty());
+    let mut v6 = slice("web-6", "web", &[("", 80)], &[]);
+    v6.address_type = SliceAddressType::V6;
+    v6.endpoints = slice("x", "web", &[], &[("fd00::4", "node-a")]).endpoints;
+    assert!(t.apply(SourceEvent::SliceUpsert(v6)));
+    assert_eq!(t.slices.values().map(Vec::len).sum::<usize>(), 1);
+    // A delete of the foreign slice is a no-op.
+    assert!(!t.apply(SourceEvent::SliceDelete(v4.name.clone())));
+}
