@@ -7,6 +7,7 @@ mod cli;
 mod compat;
 mod config;
 mod ipvs_mode;
+mod nfacct;
 mod nodesetup;
 mod ping;
 mod proxy;

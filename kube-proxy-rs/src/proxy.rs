@@ -596,6 +596,13 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         if !ipvs_fallback.is_empty() {
             admin.metrics.mode_fallback("ipvs", "iptables");
         }
+        if admin_mode == kp_admin::ProxyMode::Iptables
+            && !args.dry_run
+            && !args.once
+            && let Some(reader) = crate::nfacct::metrics_reader()
+        {
+            admin.metrics.set_nfacct(Arc::new(reader));
+        }
         let (tx, mut rx) = mpsc::channel::<Vec<kp_model::SourceEvent>>(64);
         let skipped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = skipped.clone();
@@ -780,8 +787,11 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             match (nft_mode, args.dry_run) {
                 (false, true) => {
                     let ipt = PrintingIptables::on_this_node(version, backend, sink);
-                    let proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?
+                    let mut proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?
                         .with_zero_counters_on_full_sync(args.iptables_zero_counters_on_full_sync);
+                    if let Some(n) = crate::nfacct::proxier_handle(true, family) {
+                        proxier = proxier.with_nfacct(n);
+                    }
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
                     spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
@@ -791,6 +801,9 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                         .with_zero_counters_on_full_sync(args.iptables_zero_counters_on_full_sync);
                     if let Some(ct) = conntrack() {
                         proxier = proxier.with_conntrack(ct);
+                    }
+                    if let Some(n) = crate::nfacct::proxier_handle(false, family) {
+                        proxier = proxier.with_nfacct(n);
                     }
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
                     spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());

@@ -22,6 +22,7 @@ use common::{
     BIN, Daemon, Mode, NODE_ARGS, SEED_EXTRA_SERVICES, answered, counts, feed, nft_table, run_in,
     save, seed_topology, tempdir, which, write,
 };
+use kp_netlink::NfacctOps;
 use kp_testkit::golden::{
     SEED_CLUSTER, SEED_EXPECTED_IPTABLES, assert_contains_in_chain_order, rule_lines,
 };
@@ -69,7 +70,7 @@ fn iptables_seed_golden_in_a_fresh_namespace_with_both_backends() {
         let (ok, _, err) = run_in(&ns, &Mode::Iptables.args(&args));
         assert!(ok, "--once failed with {backend}:\n{err}");
         let saved = save(&ns, save_cmd);
-        assert_contains_in_chain_order(&saved, &rule_lines(SEED_EXPECTED_IPTABLES));
+        assert_contains_in_chain_order(&squeeze(&saved), &seed_expected_on(&ns));
         // Upstream's canary chain, empty, in the three tables (as `iptables-save` of a node
         // run by upstream shows it).
         for table in ["mangle", "nat", "filter"] {
@@ -92,6 +93,50 @@ fn iptables_seed_golden_in_a_fresh_namespace_with_both_backends() {
             "1"
         );
     }
+}
+
+/// The seed's INVALID drop: upstream's on a node without nfacct, where the seed was
+/// captured.
+const SEED_INVALID_DROP: &str = "-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP";
+/// The same rule on a node with nfacct (upstream's proxier tests and nodes).
+const NFACCT_INVALID_DROP: &str = "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP";
+
+/// Whether the kernel gives `ns` nfacct counters (this one does; the daemon then writes
+/// upstream's `-m nfacct` matches).
+fn has_nfacct(ns: &Netns) -> bool {
+    ns.in_ns(kp_netlink::Nfacct::new).unwrap().is_ok()
+}
+
+/// The seed's expected lines as upstream writes them on `ns`'s kernel: with nfacct, the
+/// INVALID drop counts into `ct_state_invalid_dropped_pkts` (the seed has no NodePort, so
+/// no localhost counting rule).
+fn seed_expected_on(ns: &Netns) -> Vec<(String, String)> {
+    let nfacct = has_nfacct(ns);
+    rule_lines(SEED_EXPECTED_IPTABLES)
+        .into_iter()
+        .map(|(table, line)| match line.as_str() {
+            SEED_INVALID_DROP if nfacct => (table, NFACCT_INVALID_DROP.to_string()),
+            _ => (table, line),
+        })
+        .collect()
+}
+
+/// `iptables-save` text with runs of spaces squeezed: `xt_nfacct` prints two spaces after
+/// `--nfacct-name` (no rule of ours has a double space otherwise, comments included).
+fn squeeze(save: &str) -> String {
+    save.lines()
+        .map(|l| {
+            let mut out = String::with_capacity(l.len());
+            for w in l.split(' ').filter(|w| !w.is_empty()) {
+                if !out.is_empty() {
+                    out.push(' ');
+                }
+                out.push_str(w);
+            }
+            out.push('\n');
+            out
+        })
+        .collect()
 }
 
 /// The seed plus [`SEED_EXTRA_SERVICES`], as one manifest in `dir`.
@@ -156,7 +201,8 @@ fn dry_run_ipv4(mode: Mode, ns: &Netns, args: &[&str]) -> String {
 /// Parses `--probability P` in a rule line so 10- and 11-decimal forms compare equal.
 fn normalise(line: &str) -> String {
     let mut out = Vec::new();
-    let mut words = line.split(' ').peekable();
+    // Runs of spaces squeezed too: `xt_nfacct` prints two after `--nfacct-name`.
+    let mut words = line.split(' ').filter(|w| !w.is_empty()).peekable();
     while let Some(w) = words.next() {
         out.push(w.to_string());
         if w == "--probability"
@@ -214,6 +260,117 @@ fn iptables_kernel_holds_exactly_the_rendered_rules() {
         .filter(|l| l.starts_with("-A ") && l.contains("KUBE-"))
         .count();
     assert_eq!(rules, ours, "the kernel holds rules we did not render");
+}
+
+/// iptables only, on a kernel with nfacct (this one): the daemon creates upstream's two
+/// counters in its namespace and its rules count into them (`iptables-save`), `--dry-run`
+/// prints the same matches without creating anything, `/metrics` reports what the kernel
+/// counts, and connections to the localhost NodePort increment
+/// `kubeproxy_iptables_localhost_nodeports_accepted_packets_total` (one packet each: nat
+/// rules see a connection's first packet). `--cleanup` leaves the counters, as upstream's.
+#[test]
+fn iptables_nfacct_counters_rules_and_metrics() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let (topology, _servers) = seed_topology();
+    let node = topology.node();
+    if !has_nfacct(node) {
+        eprintln!("skipped: this kernel has no nfacct");
+        return;
+    }
+    let manifest = seed_and_extra_manifest(dir.path());
+    let mut args = vec![
+        "--manifests",
+        manifest.as_str(),
+        "--metrics-bind-address=127.0.0.1:10249",
+    ];
+    args.extend(NODE_ARGS);
+    let localhost_rule = "-A KUBE-NODEPORTS -d 127.0.0.0/8 -p tcp -m comment --comment \"default/web\" -m tcp --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-";
+
+    // The dry run, before the daemon created anything: the matches, and still no counter.
+    let dry = dry_run_ipv4(Mode::Iptables, node, &args);
+    assert!(dry.lines().any(|l| l == NFACCT_INVALID_DROP), "{dry}");
+    assert!(dry.lines().any(|l| l.starts_with(localhost_rule)), "{dry}");
+    let mut nfacct = node.in_ns(kp_netlink::Nfacct::new).unwrap().unwrap();
+    for name in [
+        "ct_state_invalid_dropped_pkts",
+        "localhost_nps_accepted_pkts",
+    ] {
+        assert_eq!(nfacct.get(name).unwrap(), None, "a dry run created {name}");
+    }
+
+    let mut proxy = Daemon::start(Mode::Iptables, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
+    let saved = squeeze(&save(node, "iptables-save"));
+    assert!(saved.lines().any(|l| l == NFACCT_INVALID_DROP), "{saved}");
+    let lines: Vec<&str> = saved.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.starts_with(localhost_rule))
+        .unwrap_or_else(|| panic!("no localhost counting rule:\n{saved}"));
+    assert!(
+        lines[at + 1].starts_with("-A KUBE-NODEPORTS -p tcp -m comment --comment \"default/web\" -m tcp --dport 30080 -j KUBE-EXT-"),
+        "{saved}"
+    );
+
+    let metrics = || {
+        node.run(
+            "curl",
+            ["-s", "--max-time", "5", "http://127.0.0.1:10249/metrics"],
+        )
+        .unwrap_or_default()
+    };
+    let value = |text: &str, name: &str| -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .map(|v| v.trim().parse().unwrap())
+    };
+    const INVALID: &str = "kubeproxy_iptables_ct_state_invalid_dropped_packets_total";
+    const LOCALHOST: &str = "kubeproxy_iptables_localhost_nodeports_accepted_packets_total";
+    proxy.wait_until("/metrics never showed the nfacct counters", || {
+        let m = metrics();
+        value(&m, INVALID).is_some() && value(&m, LOCALHOST).is_some()
+    });
+    let kernel = |n: &mut kp_netlink::Nfacct, name: &str| n.get(name).unwrap().unwrap().packets;
+    let before = kernel(&mut nfacct, "localhost_nps_accepted_pkts");
+    let m = metrics();
+    assert_eq!(value(&m, LOCALHOST), Some(before), "{m}");
+    assert_eq!(
+        value(&m, INVALID),
+        Some(kernel(&mut nfacct, "ct_state_invalid_dropped_pkts")),
+        "{m}"
+    );
+
+    // Five connections from the node to its localhost NodePort.
+    for i in 0..5 {
+        let r = http_get(
+            node,
+            "127.0.0.1:30080".parse().unwrap(),
+            Duration::from_secs(2),
+        );
+        assert!(r.is_ok(), "connection {i}: {r:?}\n{}", proxy.log());
+    }
+    let after = kernel(&mut nfacct, "localhost_nps_accepted_pkts");
+    assert_eq!(after, before + 5);
+    let m = metrics();
+    assert_eq!(value(&m, LOCALHOST), Some(after), "{m}");
+    // Connections to the node's address do not count as localhost ones.
+    let r = http_get(
+        node,
+        "192.168.56.10:30080".parse().unwrap(),
+        Duration::from_secs(2),
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(kernel(&mut nfacct, "localhost_nps_accepted_pkts"), after);
+    drop(proxy);
+
+    // --cleanup removes the rules and leaves the counters.
+    let (ok, _, err) = run_in(node, &["--cleanup"]);
+    assert!(ok, "{err}");
+    assert!(!save(node, "iptables-save").contains("nfacct"));
+    assert_eq!(kernel(&mut nfacct, "localhost_nps_accepted_pkts"), after);
 }
 
 /// nftables only: applying the IPv4 section of `--dry-run` by hand to a fresh namespace

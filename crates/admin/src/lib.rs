@@ -14,7 +14,8 @@
 //! - **Metrics** ([`Metrics`], [`metrics_server`]): upstream's `kubeproxy_*` metrics on
 //!   `/metrics`, plus `/healthz` and `/proxyMode`, on `--metrics-bind-address`
 //!   (default `127.0.0.1:10249`); in userspace mode also the proxy sockets' numbers
-//!   ([`userspace`]) and the proxy table on `/userspace`.
+//!   ([`userspace`]) and the proxy table on `/userspace`; in iptables mode also upstream's two
+//!   nfacct counters ([`nfacct`]).
 //!
 //! This crate knows nothing of the proxier or the sync loop: the binary connects them through
 //! the handles here. Time comes from an injected [`Clock`] ([`TokioClock`] by default), so
@@ -23,6 +24,7 @@
 pub mod clock;
 pub mod listen;
 pub mod metrics;
+pub mod nfacct;
 pub mod proxy_health;
 pub mod server;
 pub mod service_health;
@@ -33,6 +35,7 @@ pub use listen::parse_bind_address;
 pub use metrics::{
     DEFAULT_METRICS_PORT, Metrics, ProxyMode, TrafficPolicy, metrics_router, metrics_server,
 };
+pub use nfacct::{NfacctPackets, NfacctReader};
 pub use proxy_health::{
     DEFAULT_HEALTHZ_PORT, FamilyHealth, HealthReply, HealthStatus, ProxyHealth,
     TO_BE_DELETED_TAINT, health_timeout, proxy_health_router, proxy_health_server,

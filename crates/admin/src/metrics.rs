@@ -22,6 +22,8 @@
 //! | `kubeproxy_sync_proxy_rules_iptables_restore_failures_total` | counter | ip_family | iptables, ipvs |
 //! | `kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total` | counter | ip_family | iptables |
 //! | `kubeproxy_sync_proxy_rules_iptables_total`, `..._iptables_last` | gauge | ip_family, table | iptables |
+//! | `kubeproxy_iptables_ct_state_invalid_dropped_packets_total` | counter, read from nfacct at scrape time ([`crate::nfacct`]) | | iptables |
+//! | `kubeproxy_iptables_localhost_nodeports_accepted_packets_total` | counter, likewise | | iptables |
 //! | `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`, `..._cleanup_failures_total` | counter | ip_family | nftables |
 //!
 //! kube-proxy-rs adds, only when it watches the API server (not with `--manifests`), two
@@ -42,7 +44,8 @@
 //! node's `/healthz` at once would make load balancers drain the whole cluster.
 //!
 //! `/metrics` is the Prometheus text format 0.0.4 (as Go's `promhttp`); help texts carry
-//! upstream's `[ALPHA] ` prefix (the encoder appends a final period).
+//! upstream's `[ALPHA] ` prefix (the encoder appends a final period, except to the two nfacct
+//! counters, which a collector writes exactly as upstream's registry does).
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -179,6 +182,8 @@ struct Inner {
     api_disconnects: Counter,
     /// Userspace mode's relays, once the daemon has them.
     userspace: crate::userspace::StatsSlot,
+    /// iptables mode's nfacct counters, once the daemon can read them.
+    nfacct: crate::nfacct::ReaderSlot,
 }
 
 /// The metrics handle: cheap to clone, shared by the sync loops and the servers.
@@ -247,6 +252,7 @@ impl Metrics {
             api_connected: Gauge::default(),
             api_disconnects: Counter::default(),
             userspace: Arc::default(),
+            nfacct: Arc::default(),
         };
         register(&mut inner);
         Metrics {
@@ -453,6 +459,16 @@ impl Metrics {
         }
     }
 
+    /// iptables mode: where `/metrics` reads the nfacct counters of
+    /// `kubeproxy_iptables_ct_state_invalid_dropped_packets_total` and
+    /// `kubeproxy_iptables_localhost_nodeports_accepted_packets_total` (see [`crate::nfacct`]).
+    /// Ignored in other modes.
+    pub fn set_nfacct(&self, reader: Arc<dyn crate::nfacct::NfacctReader>) {
+        if let Ok(mut slot) = self.inner.nfacct.lock() {
+            *slot = Some(reader);
+        }
+    }
+
     /// The userspace proxy table; `None` outside userspace mode (or before it is set).
     pub fn userspace_table(&self) -> Option<String> {
         let slot = self.inner.userspace.lock().ok()?.clone()?;
@@ -479,6 +495,11 @@ fn register(inner: &mut Inner) {
     if inner.mode == ProxyMode::Userspace {
         r.register_collector(Box::new(crate::userspace::UserspaceCollector {
             slot: inner.userspace.clone(),
+        }));
+    }
+    if inner.mode == ProxyMode::Iptables {
+        r.register_collector(Box::new(crate::nfacct::NfacctCollector {
+            slot: inner.nfacct.clone(),
         }));
     }
     let alpha = |help: &str| format!("[ALPHA] {help}");

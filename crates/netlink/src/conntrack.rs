@@ -14,25 +14,17 @@
 use std::io;
 use std::time::Duration;
 
-use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
 use nix::errno::Errno;
-use nix::sys::socket::{MsgFlags, setsockopt, sockopt};
-use nix::sys::time::{TimeVal, TimeValLike};
 
 use crate::error::{Error, Result};
 use crate::flow::{Family, Flow, proto};
 use crate::message::{self, Reply};
+use crate::nfsocket::{NfSocket, Received};
 
 /// How long [`Conntrack::new`] waits for each datagram of an answer.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The longest receive timeout [`Conntrack::with_timeout`] sets.
-const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
 /// How many times a dump is tried before [`Error::DumpIncomplete`].
 pub const DUMP_ATTEMPTS: u32 = 3;
-/// Receive buffer: a netlink dump datagram is at most 32 KiB, so this never truncates.
-const RECV_BUFFER: usize = 64 * 1024;
-/// `SO_RCVBUF` asked for (the kernel caps it at `net.core.rmem_max`).
-const SOCKET_RCVBUF: usize = 1 << 20;
 
 /// Conntrack table operations: the seam between the proxier and the kernel.
 ///
@@ -117,18 +109,7 @@ impl<T: ConntrackOps + ?Sized> ConntrackOps for Box<T> {
 /// (`&mut self`): replies of concurrent requests would interleave on the socket.
 #[derive(Debug)]
 pub struct Conntrack {
-    socket: Socket,
-    seq: u32,
-    timeout: Duration,
-    buf: Vec<u8>,
-}
-
-/// What one `recv` produced.
-enum Received {
-    /// A datagram of this many bytes, in `buf`.
-    Datagram(usize),
-    /// `ENOBUFS`: the socket's receive queue overflowed and messages were lost.
-    Overflow,
+    socket: NfSocket,
 }
 
 impl Conntrack {
@@ -150,91 +131,14 @@ impl Conntrack {
     ///
     /// As [`Conntrack::new`].
     pub fn with_timeout(timeout: Duration) -> Result<Conntrack> {
-        let op = "opening a ctnetlink socket (NETLINK_NETFILTER)";
-        let io = |what: &str, source: io::Error| Error::Io {
-            op: format!("{op}: {what}"),
-            source,
-        };
-        let mut socket = Socket::new(NETLINK_NETFILTER).map_err(|e| io("socket", e))?;
-        socket.bind_auto().map_err(|e| io("bind", e))?;
-        socket
-            .connect(&SocketAddr::new(0, 0))
-            .map_err(|e| io("connect", e))?;
-        if let Err(e) = socket.set_rx_buf_sz(SOCKET_RCVBUF) {
-            tracing::debug!("{op}: setting SO_RCVBUF to {SOCKET_RCVBUF}: {e}");
-        }
-        let timeout = timeout.clamp(Duration::from_millis(1), MAX_TIMEOUT);
-        let tv = TimeVal::microseconds(i64::try_from(timeout.as_micros()).unwrap_or(i64::MAX));
-        setsockopt(&socket, sockopt::ReceiveTimeout, &tv)
-            .map_err(|e| io("setting SO_RCVTIMEO", io::Error::from(e)))?;
         Ok(Conntrack {
-            socket,
-            seq: 0,
-            timeout,
-            buf: vec![0; RECV_BUFFER],
+            socket: NfSocket::open(timeout, "opening a ctnetlink socket (NETLINK_NETFILTER)")?,
         })
     }
 
     /// The receive timeout in use.
     pub fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    fn next_seq(&mut self) -> u32 {
-        self.seq = self.seq.wrapping_add(1);
-        self.seq
-    }
-
-    fn send(&self, request: &[u8], op: &str) -> Result<()> {
-        loop {
-            match self.socket.send(request, 0) {
-                Ok(n) if n == request.len() => return Ok(()),
-                Ok(n) => {
-                    return Err(Error::Io {
-                        op: op.to_owned(),
-                        source: io::Error::other(format!("sent {n} of {} bytes", request.len())),
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(Error::Io {
-                        op: op.to_owned(),
-                        source,
-                    });
-                }
-            }
-        }
-    }
-
-    fn recv(&mut self, op: &str) -> Result<Received> {
-        loop {
-            let mut chunk: &mut [u8] = &mut self.buf[..];
-            match self.socket.recv(&mut chunk, MsgFlags::MSG_TRUNC.bits()) {
-                Ok(n) if n > self.buf.len() => {
-                    return Err(Error::Malformed {
-                        op: op.to_owned(),
-                        detail: format!("datagram of {n} bytes truncated to {}", self.buf.len()),
-                    });
-                }
-                Ok(n) => return Ok(Received::Datagram(n)),
-                Err(e) => match e.raw_os_error().map(Errno::from_raw) {
-                    Some(Errno::EINTR) => {}
-                    Some(Errno::ENOBUFS) => return Ok(Received::Overflow),
-                    Some(Errno::EAGAIN) => {
-                        return Err(Error::Timeout {
-                            op: op.to_owned(),
-                            after: self.timeout,
-                        });
-                    }
-                    _ => {
-                        return Err(Error::Io {
-                            op: op.to_owned(),
-                            source: e,
-                        });
-                    }
-                },
-            }
-        }
+        self.socket.timeout()
     }
 
     /// One dump attempt: `Ok(Ok(flows))` when complete, `Ok(Err(reason))` when it must be
@@ -245,13 +149,13 @@ impl Conntrack {
         proto: Option<u8>,
         op: &str,
     ) -> Result<Result<Vec<Flow>, &'static str>> {
-        let seq = self.next_seq();
-        self.send(&message::dump_request(family, seq), op)?;
+        let seq = self.socket.next_seq();
+        self.socket.send(&message::dump_request(family, seq), op)?;
         let mut flows = Vec::new();
         let mut lost = false;
         let mut interrupted = false;
         loop {
-            let n = match self.recv(op) {
+            let n = match self.socket.recv(op) {
                 Ok(Received::Datagram(n)) => n,
                 Ok(Received::Overflow) => {
                     lost = true;
@@ -261,12 +165,13 @@ impl Conntrack {
                 Err(Error::Timeout { .. }) if lost => return Ok(Err("ENOBUFS")),
                 Err(e) => return Err(e),
             };
-            let datagram = message::parse_datagram(&self.buf[..n], seq).map_err(|detail| {
-                Error::Malformed {
-                    op: op.to_owned(),
-                    detail,
-                }
-            })?;
+            let datagram =
+                message::parse_datagram(self.socket.datagram(n), seq).map_err(|detail| {
+                    Error::Malformed {
+                        op: op.to_owned(),
+                        detail,
+                    }
+                })?;
             interrupted |= datagram.interrupted;
             for reply in datagram.replies {
                 match reply {
@@ -324,14 +229,14 @@ impl ConntrackOps for Conntrack {
 
     fn delete(&mut self, flow: &Flow) -> Result<bool> {
         let op = delete_op(flow);
-        let seq = self.next_seq();
+        let seq = self.socket.next_seq();
         let request = message::delete_request(flow, seq).map_err(|reason| Error::Unsupported {
             op: op.clone(),
             reason,
         })?;
-        self.send(&request, &op)?;
+        self.socket.send(&request, &op)?;
         loop {
-            let n = match self.recv(&op)? {
+            let n = match self.socket.recv(&op)? {
                 Received::Datagram(n) => n,
                 Received::Overflow => {
                     return Err(Error::Io {
@@ -340,12 +245,13 @@ impl ConntrackOps for Conntrack {
                     });
                 }
             };
-            let datagram = message::parse_datagram(&self.buf[..n], seq).map_err(|detail| {
-                Error::Malformed {
-                    op: op.clone(),
-                    detail,
-                }
-            })?;
+            let datagram =
+                message::parse_datagram(self.socket.datagram(n), seq).map_err(|detail| {
+                    Error::Malformed {
+                        op: op.clone(),
+                        detail,
+                    }
+                })?;
             for reply in datagram.replies {
                 match reply {
                     Reply::Ack => return Ok(true),

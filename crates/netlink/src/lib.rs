@@ -26,6 +26,10 @@
 //! The [`link`] module manages the IPVS mode's dummy link `kube-ipvs0` and its addresses
 //! over rtnetlink ([`link::LinkOps`], [`link::Links`], [`link::FakeLinks`]).
 //!
+//! The [`nfacct`] module reads and creates the kernel's named nfacct counters, which
+//! iptables mode's `-m nfacct` matches feed and two of its metrics report
+//! ([`NfacctOps`], [`Nfacct`], [`FakeNfacct`]).
+//!
 //! Netlink messages are built and parsed with the `netlink-packet-netfilter` types
 //! (`ConntrackMessage`, `ConntrackAttribute`, tuples); the socket is `netlink-sys`. This
 //! crate adds the request/reply loop (multipart dumps, `NLMSG_DONE`, `NLMSG_ERROR`, ENOBUFS
@@ -57,6 +61,8 @@ mod flow;
 pub mod ipvs;
 pub mod link;
 mod message;
+pub mod nfacct;
+mod nfsocket;
 
 pub use conntrack::{Conntrack, ConntrackOps, DEFAULT_TIMEOUT, DUMP_ATTEMPTS};
 pub use error::{Error, Result};
@@ -67,3 +73,4 @@ pub use ipvs::{
     RealServer, ServiceKey, VirtualServer, dump_all, list_text, parse_save_text, save_text,
     scheduler_probe,
 };
+pub use nfacct::{Counter as NfacctCounter, FakeNfacct, Nfacct, NfacctOps};

@@ -713,3 +713,47 @@ fn nodeport_without_the_node_addresses_is_uncertain() {
     let t = trace(&rules, &host, &p).unwrap();
     assert!(!t.is_uncertain(), "{}", render_text(&t, &p));
 }
+
+/// Upstream's nfacct matches, as `iptables-save` prints them (with `xt_nfacct`'s doubled
+/// space): the counting localhost NodePort rule and the INVALID drop are traced like any
+/// rule (`-m nfacct` always matches: it only counts).
+#[test]
+fn nfacct_rules_are_traced_and_explained() {
+    let invalid = "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP";
+    let localhost = "-A KUBE-NODEPORTS -d 127.0.0.0/8 -p tcp -m comment --comment \"default/web\" -m tcp --dport 30080 -m nfacct --nfacct-name  localhost_nps_accepted_pkts -j KUBE-EXT-LOLE4ISW44XBNF3G";
+    let rules = kube_dump(invalid, &format!("{localhost}\n{NODEPORT_NAT}"));
+    let mut host = node_host();
+    host.route_localnet = true;
+
+    let p = Packet::tcp(ip("127.0.0.1"), 40000, ip("127.0.0.1"), 30080, Entry::Node);
+    let t = trace(&rules, &host, &p).unwrap();
+    let text = render_text(&t, &p);
+    let o = &t.outcomes[0];
+    assert_eq!(o.dnat, Some((ip("10.0.0.4"), Some(8080))), "{text}");
+    let counted = o
+        .steps
+        .iter()
+        .find(|s| s.chain == "KUBE-NODEPORTS" && s.effect == Effect::Jump)
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        counted
+            .rule_text
+            .contains("-m nfacct --nfacct-name localhost_nps_accepted_pkts"),
+        "{text}"
+    );
+    assert!(text.contains("localhost_nps_accepted_pkts"), "{text}");
+
+    // To the node's address the counting rule does not match; the next one does, and the
+    // forwarded connection passes the INVALID drop.
+    let p = Packet::tcp(ip("192.168.56.100"), 40000, ip(NODE), 30080, external());
+    let t = trace(&rules, &host, &p).unwrap();
+    let o = &t.outcomes[0];
+    assert_eq!(o.dnat, Some((ip("10.0.0.4"), Some(8080))));
+    assert_eq!(o.verdict, Verdict::Accept);
+    let jump = o
+        .steps
+        .iter()
+        .find(|s| s.chain == "KUBE-NODEPORTS" && s.effect == Effect::Jump)
+        .unwrap();
+    assert!(!jump.rule_text.contains("nfacct"), "{}", jump.rule_text);
+}

@@ -8,6 +8,14 @@
 //! the chains of Services that changed. Full syncs also leave the empty `KUBE-PROXY-CANARY`
 //! chains that [`canary`] checks between syncs, so that rules flushed by someone else are
 //! rewritten at once. [`cleanup`] implements `--cleanup`.
+//!
+//! nfacct ([`IptablesProxier::with_nfacct`]): like upstream, every full sync first makes sure
+//! the two nfacct counters exist ([`render::NFACCT_CT_STATE_INVALID_DROPPED`],
+//! [`render::NFACCT_LOCALHOST_NODEPORTS_ACCEPTED`]), creating them when missing, and the
+//! rules name a counter (`-m nfacct --nfacct-name`) only while it exists: a counter that
+//! cannot be created (a kernel without nfacct) leaves its rule as upstream writes it on such a
+//! node. Without a handle no counter is used. `--cleanup` leaves the counters, as upstream's
+//! does (they hold no rules and count nothing once the rules are gone).
 
 pub mod canary;
 pub mod names;
@@ -19,7 +27,7 @@ use std::time::Instant;
 
 use kp_model::{Changes, IpFamily, Snapshot};
 use kp_netfilter::{Iptables, Table};
-use kp_netlink::ConntrackOps;
+use kp_netlink::{ConntrackOps, NfacctOps};
 use tracing::{debug, info, warn};
 
 use crate::{Host, LocalDetector, NodePortAddresses, Proxier, ProxierError, ProxyMode, SyncReport};
@@ -76,6 +84,21 @@ pub struct IptablesProxier<I: Iptables> {
     zero_counters_on_full_sync: bool,
     /// The UDP stale-entry cleanup after syncs (disabled without netlink conntrack).
     conntrack: crate::conntrack::UdpCleanup,
+    /// The kernel's nfacct counters, when the proxier may use them.
+    nfacct: Option<Box<dyn NfacctOps + Send>>,
+    /// Which counters exist, as the last full sync found them (upstream's `nfAcctCounters`).
+    nfacct_counters: NfacctCounters,
+    /// Whether a full sync has checked the counters yet.
+    nfacct_checked: bool,
+}
+
+/// Which of upstream's two nfacct counters the rules may name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NfacctCounters {
+    /// [`render::NFACCT_CT_STATE_INVALID_DROPPED`] exists.
+    pub ct_state_invalid_dropped: bool,
+    /// [`render::NFACCT_LOCALHOST_NODEPORTS_ACCEPTED`] exists.
+    pub localhost_nodeports_accepted: bool,
 }
 
 impl<I: Iptables> std::fmt::Debug for IptablesProxier<I> {
@@ -85,6 +108,7 @@ impl<I: Iptables> std::fmt::Debug for IptablesProxier<I> {
             .field("cfg", &self.cfg)
             .field("random_fully", &self.random_fully)
             .field("needs_full", &self.needs_full)
+            .field("nfacct_counters", &self.nfacct_counters)
             .finish()
     }
 }
@@ -126,7 +150,63 @@ impl<I: Iptables> IptablesProxier<I> {
             cache: RenderCache::new(),
             zero_counters_on_full_sync: false,
             conntrack: crate::conntrack::UdpCleanup::disabled(),
+            nfacct: None,
+            nfacct_counters: NfacctCounters::default(),
+            nfacct_checked: false,
         })
+    }
+
+    /// Uses the kernel's nfacct counters: every full sync ensures both exist and the rules
+    /// count into those that do (upstream's `-m nfacct` matches; see the module docs).
+    pub fn with_nfacct(mut self, ops: Box<dyn NfacctOps + Send>) -> Self {
+        self.nfacct = Some(ops);
+        self
+    }
+
+    /// Which nfacct counters the rules name (as of the last full sync).
+    pub fn nfacct_counters(&self) -> NfacctCounters {
+        self.nfacct_counters
+    }
+
+    /// Upstream's full-sync step "ensure the nfacct counters": each counter is created when
+    /// missing; one that cannot be is left out of the rules, with a warning the first time
+    /// and whenever a counter that worked stops working.
+    fn ensure_nfacct(&mut self) {
+        let Some(ops) = self.nfacct.as_mut() else {
+            return;
+        };
+        let before = self.nfacct_counters;
+        let mut now = NfacctCounters::default();
+        for (name, was, flag) in [
+            (
+                render::NFACCT_CT_STATE_INVALID_DROPPED,
+                before.ct_state_invalid_dropped,
+                &mut now.ct_state_invalid_dropped,
+            ),
+            (
+                render::NFACCT_LOCALHOST_NODEPORTS_ACCEPTED,
+                before.localhost_nodeports_accepted,
+                &mut now.localhost_nodeports_accepted,
+            ),
+        ] {
+            match ops.ensure(name) {
+                Ok(()) => *flag = true,
+                Err(e) if was || !self.nfacct_checked => warn!(
+                    family = %self.family,
+                    counter = name,
+                    error = %e,
+                    "cannot create the nfacct counter: its rule is written without -m nfacct and its metric is not reported"
+                ),
+                Err(e) => {
+                    debug!(family = %self.family, counter = name, error = %e, "nfacct counter still unavailable")
+                }
+            }
+        }
+        self.nfacct_checked = true;
+        if now != before {
+            debug!(family = %self.family, ?now, "nfacct counters in use");
+        }
+        self.nfacct_counters = now;
     }
 
     /// Enables the UDP stale-conntrack cleanup after syncs (see [`crate::conntrack`]).
@@ -194,6 +274,8 @@ impl<I: Iptables> IptablesProxier<I> {
             nodeport_ips,
             drop_invalid: !self.cfg.conntrack_tcp_be_liberal,
             kube_firewall: self.family == IpFamily::V4,
+            nfacct_invalid_drop: self.nfacct_counters.ct_state_invalid_dropped,
+            nfacct_localhost_nodeports: self.nfacct_counters.localhost_nodeports_accepted,
         })
     }
 
@@ -331,6 +413,9 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
         } else {
             None
         };
+        if full {
+            self.ensure_nfacct();
+        }
         let read_time = t1.elapsed();
         let t0 = Instant::now();
         let cfg = self.render_config(snap)?;

@@ -17,6 +17,14 @@
 //! - filter `KUBE-SERVICES`/`KUBE-EXTERNAL-SERVICES`: REJECT (no endpoints) or DROP (no local
 //!   endpoints for a Local policy); `KUBE-FORWARD`: INVALID drop and mark/established accepts;
 //!   `KUBE-FIREWALL`: the localnet drop guarding localhost NodePorts.
+//!
+//! nfacct (upstream's two counters, when the proxier could create them; see
+//! [`RenderConfig::nfacct_invalid_drop`]): the INVALID drop becomes
+//! `-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name
+//! ct_state_invalid_dropped_pkts -j DROP`, and with localhost NodePorts each NodePort of a
+//! Service with endpoints gets, before its rule, the same rule limited to `-d 127.0.0.0/8`
+//! with `-m nfacct --nfacct-name localhost_nps_accepted_pkts` after `--dport`. Without them
+//! the rules are upstream's on a node without nfacct (the seed's).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::{self, Write as _};
@@ -37,6 +45,15 @@ use super::names::{
     service_hash,
 };
 use crate::local::LocalMatch;
+
+/// The nfacct counter of the `KUBE-FORWARD` INVALID drop (upstream
+/// `metrics.IPTablesCTStateInvalidDroppedNFAcctCounter`), read for
+/// `kubeproxy_iptables_ct_state_invalid_dropped_packets_total`.
+pub const NFACCT_CT_STATE_INVALID_DROPPED: &str = "ct_state_invalid_dropped_pkts";
+/// The nfacct counter of the localhost NodePort rules (upstream
+/// `metrics.LocalhostNodePortAcceptedNFAcctCounter`), read for
+/// `kubeproxy_iptables_localhost_nodeports_accepted_packets_total`.
+pub const NFACCT_LOCALHOST_NODEPORTS_ACCEPTED: &str = "localhost_nps_accepted_pkts";
 
 /// Above this many endpoints in total, per-endpoint comments are left out to shrink the
 /// ruleset (upstream's "large cluster mode", same threshold).
@@ -80,6 +97,14 @@ pub struct RenderConfig {
     pub drop_invalid: bool,
     /// Write the `KUBE-FIREWALL` chain (IPv4 only, as upstream).
     pub kube_firewall: bool,
+    /// The nfacct counter [`NFACCT_CT_STATE_INVALID_DROPPED`] exists: the INVALID drop
+    /// counts into it (`-m nfacct --nfacct-name ct_state_invalid_dropped_pkts` before
+    /// `-j DROP`). Upstream sets it when creating the counter succeeded.
+    pub nfacct_invalid_drop: bool,
+    /// The nfacct counter [`NFACCT_LOCALHOST_NODEPORTS_ACCEPTED`] exists: with
+    /// `localhost_nodeports`, every NodePort of a Service with endpoints also gets a
+    /// `-d 127.0.0.0/8` rule that counts into it, just before its own rule.
+    pub nfacct_localhost_nodeports: bool,
 }
 
 impl Default for RenderConfig {
@@ -93,6 +118,8 @@ impl Default for RenderConfig {
             nodeport_ips: None,
             drop_invalid: true,
             kube_firewall: true,
+            nfacct_invalid_drop: false,
+            nfacct_localhost_nodeports: false,
         }
     }
 }
@@ -626,6 +653,9 @@ struct Ctx<'a> {
     reject: &'static str,
     loopback: &'static str,
     comments: bool,
+    /// Write the counting localhost rule before each NodePort rule (IPv4, localhost
+    /// NodePorts, the nfacct counter exists).
+    localhost_nfacct: bool,
     /// ` ! -s CIDR` (or empty) and ` ! -i IF` (or empty) of the SVC masquerade rule.
     masq_src: String,
     masq_iface: String,
@@ -758,6 +788,9 @@ pub fn render_cached(
             IpFamily::V6 => "::1/128",
         },
         comments: !large_cluster,
+        localhost_nfacct: snap.family == IpFamily::V4
+            && cfg.localhost_nodeports
+            && cfg.nfacct_localhost_nodeports,
         masq_src,
         masq_iface,
     };
@@ -901,9 +934,13 @@ pub fn render_cached(
     }
 
     if cfg.drop_invalid {
-        Line::new(&mut filter, KUBE_FORWARD)
-            .arg("-m conntrack --ctstate INVALID")
-            .end("DROP");
+        let mut l = Line::new(&mut filter, KUBE_FORWARD).arg("-m conntrack --ctstate INVALID");
+        if cfg.nfacct_invalid_drop {
+            l = l
+                .s("-m nfacct --nfacct-name")
+                .s(NFACCT_CT_STATE_INVALID_DROPPED);
+        }
+        l.end("DROP");
     }
     Line::new(&mut filter, KUBE_FORWARD)
         .comment("kubernetes forwarding rules")
@@ -1163,6 +1200,18 @@ fn write_entry_rules(
     // NodePort.
     if let Some(node_port) = svc.node_port {
         if f.has_any {
+            if ctx.localhost_nfacct {
+                // Counts the packets that reach the NodePort on 127.0.0.0/8 (upstream writes
+                // this rule only when the counter exists; it jumps where the next one does).
+                let l = Line::new(nat, KUBE_NODEPORTS);
+                l.out.rules.push_str(" -d 127.0.0.0/8 -p ");
+                l.out.rules.push_str(proto);
+                l.comment_str(spn)
+                    .dport(proto, node_port)
+                    .s("-m nfacct --nfacct-name")
+                    .s(NFACCT_LOCALHOST_NODEPORTS_ACCEPTED)
+                    .end_str(&names.ext);
+            }
             Line::new(nat, KUBE_NODEPORTS)
                 .dst_proto(None, proto)
                 .comment_str(spn)

@@ -528,3 +528,78 @@ fn a_check_that_cannot_run_is_an_error() {
     let err = p.check_dataplane().unwrap_err();
     assert!(err.to_string().contains("xtables lock"), "{err}");
 }
+
+fn nodeport_events() -> Vec<SourceEvent> {
+    vec![
+        SourceEvent::ServiceUpsert(
+            ServiceBuilder::new("web", "10.96.0.20")
+                .tcp("", 80)
+                .node_port(30080)
+                .build(),
+        ),
+        SourceEvent::SliceUpsert(slice("web", 8080, &[("10.0.0.4", "k8s-master")])),
+    ]
+}
+
+/// Upstream's full-sync "ensure the nfacct counters": the first sync creates both counters,
+/// then writes the rules that count into them; partial syncs keep them.
+#[test]
+fn full_sync_creates_the_nfacct_counters_and_matches_them() {
+    let nfacct = kp_netlink::FakeNfacct::new();
+    let mut p = proxier(FakeIptables::new(IpVersion::V4)).with_nfacct(Box::new(nfacct.clone()));
+    let mut t = tracker();
+    for e in nodeport_events() {
+        t.apply(e);
+    }
+    assert!(sync(&mut p, &mut t).full);
+    let names: Vec<String> = nfacct.counters().into_keys().collect();
+    assert_eq!(
+        names,
+        [
+            "ct_state_invalid_dropped_pkts",
+            "localhost_nps_accepted_pkts"
+        ]
+    );
+    assert_eq!(
+        p.nfacct_counters(),
+        NfacctCounters {
+            ct_state_invalid_dropped: true,
+            localhost_nodeports_accepted: true
+        }
+    );
+    let saved = save(&p);
+    assert!(saved.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP"), "{saved}");
+    assert!(saved.contains("-A KUBE-NODEPORTS -d 127.0.0.0/8 -p tcp -m comment --comment \"default/web\" -m tcp --dport 30080 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-"), "{saved}");
+    // Counts the kernel kept are not reset by later syncs.
+    nfacct.set("localhost_nps_accepted_pkts", 3, 180);
+    t.apply(SourceEvent::ServiceUpsert(service(
+        "other",
+        "10.96.0.21",
+        80,
+    )));
+    assert!(!sync(&mut p, &mut t).full);
+    assert!(save(&p).contains("localhost_nps_accepted_pkts -j KUBE-EXT-"));
+    assert_eq!(nfacct.counters()["localhost_nps_accepted_pkts"].packets, 3);
+}
+
+/// A kernel without nfacct (or no handle at all): the rules are upstream's for such a node,
+/// the seed's.
+#[test]
+fn without_nfacct_the_rules_are_the_seeds() {
+    for p in [
+        proxier(FakeIptables::new(IpVersion::V4))
+            .with_nfacct(Box::new(kp_netlink::FakeNfacct::unsupported())),
+        proxier(FakeIptables::new(IpVersion::V4)),
+    ] {
+        let mut p = p;
+        let mut t = tracker();
+        for e in seed_events().into_iter().chain(nodeport_events()) {
+            t.apply(e);
+        }
+        sync(&mut p, &mut t);
+        assert_eq!(p.nfacct_counters(), NfacctCounters::default());
+        let saved = save(&p);
+        assert!(!saved.contains("nfacct"), "{saved}");
+        assert_contains_in_chain_order(&saved, &rule_lines(SEED_EXPECTED_IPTABLES));
+    }
+}

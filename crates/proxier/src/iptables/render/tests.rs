@@ -406,3 +406,143 @@ fn large_cluster_lines() {
         ep.ip
     )));
 }
+
+fn with_nfacct(cfg: RenderConfig) -> RenderConfig {
+    RenderConfig {
+        nfacct_invalid_drop: true,
+        nfacct_localhost_nodeports: true,
+        ..cfg
+    }
+}
+
+/// `iptables-save` of a real node run by upstream kube-proxy (nf_tables backend) for
+/// `default/nginx` (port 80, nodePort 30606), with `xt_nfacct`'s doubled space after
+/// `--nfacct-name` reduced to one, as `iptables-restore` reads both.
+const UPSTREAM_NFACCT_NODEPORTS: [&str; 2] = [
+    "-A KUBE-NODEPORTS -d 127.0.0.0/8 -p tcp -m comment --comment \"default/nginx\" -m tcp --dport 30606 -m nfacct --nfacct-name localhost_nps_accepted_pkts -j KUBE-EXT-2CMXP7HKUVJN7L6M",
+    "-A KUBE-NODEPORTS -p tcp -m comment --comment \"default/nginx\" -m tcp --dport 30606 -j KUBE-EXT-2CMXP7HKUVJN7L6M",
+];
+/// The INVALID drop of a node with nfacct, as upstream writes it (its proxier tests' and
+/// real nodes' `KUBE-FORWARD`).
+const UPSTREAM_NFACCT_INVALID: &str = "-A KUBE-FORWARD -m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP";
+
+fn nginx_nodeport(family: IpFamily) -> Snapshot {
+    match family {
+        IpFamily::V4 => snapshot(
+            family,
+            vec![service("nginx", "10.109.124.25", 80, Some(30606))],
+            vec![slice("nginx", 80, &[("10.0.0.4", "k8s-master")])],
+        ),
+        IpFamily::V6 => snapshot(
+            family,
+            vec![service("nginx", "fd00:96::25", 80, Some(30606))],
+            vec![slice("nginx", 80, &[("fd00:1::4", "k8s-master")])],
+        ),
+    }
+}
+
+/// With both counters: upstream's lines, the counting localhost rule just before the
+/// NodePort's own rule.
+#[test]
+fn nfacct_counters_are_matched_as_upstream_writes_them() {
+    let r = render(
+        &nginx_nodeport(IpFamily::V4),
+        &with_nfacct(cluster_cidr()),
+        None,
+    );
+    let t = text(&r);
+    let lines: Vec<&str> = t.lines().collect();
+    let first = lines
+        .iter()
+        .position(|l| *l == UPSTREAM_NFACCT_NODEPORTS[0])
+        .unwrap_or_else(|| panic!("no localhost nfacct rule:\n{t}"));
+    assert_eq!(lines[first + 1], UPSTREAM_NFACCT_NODEPORTS[1], "{t}");
+    assert!(lines.contains(&UPSTREAM_NFACCT_INVALID), "{t}");
+    assert!(
+        !lines.contains(&"-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP"),
+        "{t}"
+    );
+    // The extra nat rule is counted.
+    let without = render(&nginx_nodeport(IpFamily::V4), &cluster_cidr(), None);
+    assert_eq!(r.nat_rules_total, without.nat_rules_total + 1);
+    assert_eq!(r.filter.rule_count, without.filter.rule_count);
+}
+
+/// Without the counters (a kernel without nfacct, or before they could be created): no
+/// `-m nfacct` anywhere and no localhost counting rule, as upstream on such a node.
+#[test]
+fn without_nfacct_the_rules_have_no_match() {
+    let t = text(&render(
+        &nginx_nodeport(IpFamily::V4),
+        &cluster_cidr(),
+        None,
+    ));
+    assert!(!t.contains("nfacct"), "{t}");
+    assert!(!t.contains("-A KUBE-NODEPORTS -d 127.0.0.0/8"), "{t}");
+    assert!(t.contains(UPSTREAM_NFACCT_NODEPORTS[1]), "{t}");
+    assert!(t.contains("-A KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP\n"));
+    // Each counter decides its own rule.
+    let only_invalid = RenderConfig {
+        nfacct_invalid_drop: true,
+        ..cluster_cidr()
+    };
+    let t = text(&render(&nginx_nodeport(IpFamily::V4), &only_invalid, None));
+    assert!(t.contains(UPSTREAM_NFACCT_INVALID));
+    assert!(!t.contains("localhost_nps_accepted_pkts"), "{t}");
+    let only_localhost = RenderConfig {
+        nfacct_localhost_nodeports: true,
+        ..cluster_cidr()
+    };
+    let t = text(&render(
+        &nginx_nodeport(IpFamily::V4),
+        &only_localhost,
+        None,
+    ));
+    assert!(t.contains(UPSTREAM_NFACCT_NODEPORTS[0]));
+    assert!(!t.contains("ct_state_invalid_dropped_pkts"), "{t}");
+}
+
+/// The localhost rule needs localhost NodePorts (IPv4, the flag, loopback in
+/// `--nodeport-addresses`) and endpoints; the INVALID drop's match needs the drop
+/// (`--conntrack-tcp-be-liberal` removes it) and is written in both families.
+#[test]
+fn nfacct_localhost_rule_follows_upstreams_conditions() {
+    let no_localhost = with_nfacct(RenderConfig {
+        localhost_nodeports: false,
+        ..cluster_cidr()
+    });
+    let t = text(&render(&nginx_nodeport(IpFamily::V4), &no_localhost, None));
+    assert!(!t.contains("localhost_nps_accepted_pkts"), "{t}");
+    assert!(t.contains(UPSTREAM_NFACCT_INVALID));
+
+    let six = with_nfacct(RenderConfig {
+        local: Some(LocalMatch::Source("fd00:1::/48".parse().unwrap())),
+        kube_firewall: false,
+        // What the proxier passes for IPv6 (localhost NodePorts are IPv4 only); the
+        // renderer also checks the family itself.
+        localhost_nodeports: true,
+        ..RenderConfig::default()
+    });
+    let t = text(&render(&nginx_nodeport(IpFamily::V6), &six, None));
+    assert!(!t.contains("localhost_nps_accepted_pkts"), "{t}");
+    assert!(t.contains(UPSTREAM_NFACCT_INVALID), "{t}");
+
+    let empty = snapshot(
+        IpFamily::V4,
+        vec![service("nginx", "10.109.124.25", 80, Some(30606))],
+        vec![],
+    );
+    let t = text(&render(&empty, &with_nfacct(cluster_cidr()), None));
+    assert!(
+        !t.contains("localhost_nps_accepted_pkts"),
+        "no endpoints, no nat rule: {t}"
+    );
+
+    let liberal = with_nfacct(RenderConfig {
+        drop_invalid: false,
+        ..cluster_cidr()
+    });
+    let t = text(&render(&nginx_nodeport(IpFamily::V4), &liberal, None));
+    assert!(!t.contains("INVALID"), "{t}");
+    assert!(t.contains(UPSTREAM_NFACCT_NODEPORTS[0]));
+}
