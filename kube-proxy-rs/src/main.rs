@@ -44,24 +44,7 @@ fn init_tracing(verbosity: u8) {
         .init();
 }
 
-/// Caps glibc's malloc arenas at two. glibc gives threads that allocate at once arenas of
-/// their own (up to eight per CPU), and each arena keeps what was freed in it: the sync
-/// threads' large transient buffers (a 10,000-Service payload is tens of MiB) then stay
-/// resident in several arenas. Measured at 10,000 Services x 10 endpoints, the cap lowers the
-/// daemon's peak RSS by about 10 MiB (docs/benchmarks.md, "Daemon memory"). An operator's
-/// `MALLOC_ARENA_MAX` wins.
-fn limit_malloc_arenas() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
-        // SAFETY: mallopt only sets an allocator parameter; called before any thread starts.
-        unsafe {
-            libc::mallopt(libc::M_ARENA_MAX, 2);
-        }
-    }
-}
-
 fn main() -> ExitCode {
-    limit_malloc_arenas();
     let matches = Cli::command().get_matches();
     let mut cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
