@@ -29,8 +29,10 @@ pub enum Command {
     /// requests to every Service and report which backends answered. Needs root.
     Sandbox(SandboxArgs),
     /// Explain where a packet goes through a node's rules (iptables, nftables, IPVS or
-    /// userspace mode): this node's (`--live`) or dumps from any kube-proxy (`--rules FILE`:
-    /// `iptables-save`, partial dumps accepted, or nft; IPVS mode adds `--ipsets` and
+    /// userspace mode): this node's (`--live`), dumps from any kube-proxy or our own
+    /// `--dry-run` output (`--rules FILE`: `iptables-save` of one or both families, partial
+    /// dumps accepted, `nft list ruleset` as text or JSON, or a dry run in any mode, so a
+    /// planned change can be traced before it is deployed; IPVS mode adds `--ipsets` and
     /// `--ipvs`, userspace mode `--userspace`).
     Trace(TraceArgs),
 }
@@ -63,8 +65,13 @@ pub enum TraceFrom {
 #[derive(Debug, Args)]
 #[command(group(ArgGroup::new("source").required(true).args(["rules", "live"])))]
 pub struct TraceArgs {
-    /// An `iptables-save` (or `ip6tables-save`) dump, or an `nft -j list ruleset` dump
-    /// (JSON, recognized by its leading `{`); `-` reads standard input.
+    /// The rules; `-` reads standard input. One of: `iptables-save` or `ip6tables-save`
+    /// output, or both concatenated (`iptables-save; ip6tables-save`: the packet's family
+    /// picks its part); `nft list ruleset` text, or `nft -j list ruleset` JSON (recognized
+    /// by its leading `{`); an `nft -f` script; or the output of `kube-proxy-rs --dry-run`
+    /// in any mode (iptables, IPVS and userspace mode: the packet's family's
+    /// iptables-restore input, applied to empty tables as a restore would; nftables mode:
+    /// the script of both families).
     #[arg(long, value_name = "FILE")]
     pub rules: Option<PathBuf>,
 

@@ -1,6 +1,8 @@
 //! `kube-proxy-rs trace` as an operator runs it: on upstream kube-proxy's seed dump, on a
-//! hand-written dump, on an `nft -j list ruleset` dump, on IPVS-mode and userspace-mode
-//! dumps, and on live rules (iptables, nftables and userspace mode) in a network namespace.
+//! hand-written dump, on `nft list ruleset` dumps (JSON and text), on `--dry-run` output
+//! (iptables and nftables mode, one family and dual-stack), on `iptables-save` of both
+//! families, on IPVS-mode and userspace-mode dumps, and on live rules (iptables, nftables
+//! and userspace mode) in a network namespace.
 
 mod common;
 
@@ -827,7 +829,7 @@ fn grepped_nat_dump_without_its_table_line_is_the_nat_table() {
 }
 
 #[test]
-fn nft_text_dump_is_named_and_json_asked_for() {
+fn nft_text_with_mode_iptables_is_named_and_nftables_suggested() {
     let dir = tempfile::tempdir().unwrap();
     let text = dir.path().join("ruleset.nft");
     std::fs::write(
@@ -837,11 +839,13 @@ fn nft_text_dump_is_named_and_json_asked_for() {
          \t\ttype nat hook prerouting priority dstnat; policy accept;\n\
          \t\tjump services\n\
          \t}\n\
+         \tchain services {\n\
+         \t}\n\
          }\n",
     )
     .unwrap();
-    for mode in ["auto", "nftables", "iptables"] {
-        let (ok, _, err) = run(&[
+    let args = |mode: &'static str| {
+        vec![
             "trace",
             "--rules",
             text.to_str().unwrap(),
@@ -851,12 +855,559 @@ fn nft_text_dump_is_named_and_json_asked_for() {
             "10.96.138.71",
             "--dport",
             "8080",
-        ]);
-        assert!(!ok);
-        assert!(err.contains("nftables text"), "{mode}: {err}");
-        assert!(err.contains("nft -j list ruleset"), "{mode}: {err}");
-        assert!(err.contains("--live"), "{mode}: {err}");
-        assert!(!err.contains("outside of a table"), "{mode}: {err}");
+        ]
+    };
+    let (ok, _, err) = run(&args("iptables"));
+    assert!(!ok);
+    assert!(err.contains("nftables text"), "{err}");
+    assert!(err.contains("`table ip kube-proxy {'"), "{err}");
+    assert!(err.contains("--mode nftables"), "{err}");
+    for mode in ["auto", "nftables"] {
+        let (ok, out, err) = run(&args(mode));
+        assert!(ok, "{mode}: {err}");
+        assert!(
+            out.contains("ip kube-proxy nat-prerouting  jump services"),
+            "{mode}: {out}"
+        );
+    }
+}
+
+/// The fixtures of `crates/trace/tests/data/nft`: the same ruleset as `nft list ruleset`
+/// text, `nft -j list ruleset` JSON and the `nft -f` script (`--dry-run` output) loaded.
+fn nft_fixture(name: &str) -> String {
+    format!(
+        "{}/../crates/trace/tests/data/nft/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// Packets for the every-feature ruleset: a ClusterIP with two endpoints (TCP and UDP), a
+/// Service without endpoints, a load-balancer IP with source ranges, a NodePort.
+const EVERY_FEATURE_PACKETS: [&[&str]; 6] = [
+    &[
+        "--from",
+        "pod",
+        "--src",
+        "10.0.0.9",
+        "--dst",
+        "10.96.0.10",
+        "--dport",
+        "80",
+    ],
+    &[
+        "--from",
+        "pod",
+        "--src",
+        "10.0.0.9",
+        "--dst",
+        "10.96.0.10",
+        "--dport",
+        "9125",
+        "--proto",
+        "udp",
+    ],
+    &[
+        "--from",
+        "pod",
+        "--src",
+        "10.0.0.9",
+        "--dst",
+        "10.96.0.11",
+        "--dport",
+        "80",
+    ],
+    &[
+        "--src",
+        "203.0.113.7",
+        "--dst",
+        "198.51.100.7",
+        "--dport",
+        "80",
+    ],
+    &[
+        "--src",
+        "198.18.0.1",
+        "--dst",
+        "198.51.100.7",
+        "--dport",
+        "80",
+    ],
+    &[
+        "--node-ip",
+        "192.168.56.10",
+        "--dst",
+        "192.168.56.10",
+        "--dport",
+        "30080",
+    ],
+];
+
+#[test]
+fn traces_nft_list_ruleset_text_and_scripts_like_json() {
+    for packet in EVERY_FEATURE_PACKETS {
+        let trace = |file: &str| {
+            let mut args = vec!["trace", "--rules", file];
+            args.extend_from_slice(packet);
+            let (ok, out, err) = run(&args);
+            assert!(ok, "{file} {packet:?}: {err}");
+            out
+        };
+        // Without handles (plain `nft list ruleset`, scripts) rules are named by position.
+        let json = nft_compare::without_rule_names(&trace(&nft_fixture("every-feature.json")));
+        let text = nft_compare::without_rule_names(&trace(&nft_fixture("every-feature.nft")));
+        let script = trace(&nft_fixture("every-feature.script.nft"));
+        assert_eq!(text, json, "{packet:?}");
+        assert_eq!(nft_compare::without_rule_names(&script), json, "{packet:?}");
+    }
+    // `nft -a list ruleset` has the handles: the very same trace.
+    let upstream = [
+        "--from",
+        "pod",
+        "--src",
+        "10.0.0.9",
+        "--dst",
+        "172.30.0.41",
+        "--dport",
+        "80",
+    ];
+    let outs: Vec<String> = ["upstream-svc1.nft", "upstream-svc1.json"]
+        .iter()
+        .map(|f| {
+            let (ok, out, err) = trace_file(std::path::Path::new(&nft_fixture(f)), &upstream);
+            assert!(ok, "{f}: {err}");
+            out
+        })
+        .collect();
+    assert_eq!(outs[0], outs[1]);
+    assert!(outs[0].contains("DNAT 10.180.0.1:80"), "{}", outs[0]);
+    let mut args = vec!["trace", "--rules"];
+    let file = nft_fixture("every-feature.nft");
+    args.push(&file);
+    args.extend_from_slice(EVERY_FEATURE_PACKETS[0]);
+    let (ok, out, err) = run(&args);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("DNAT 10.0.1.4:8080") && out.contains("DNAT 10.0.2.5:8080"),
+        "{out}"
+    );
+}
+
+/// `kube-proxy-rs --manifests DIR --dry-run` for node k8s-master with `extra` flags: its
+/// standard output.
+fn dry_run(dir: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "--manifests",
+        dir,
+        "--dry-run",
+        "--hostname-override=k8s-master",
+    ];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = run(&args);
+    assert!(ok, "dry run {extra:?}: {err}");
+    out
+}
+
+const DUAL_STACK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/dual-stack");
+const DUAL_CIDRS: &str = "--cluster-cidr=10.0.0.0/16,fd00:10::/48";
+
+/// `trace --rules FILE` with `args`: (ok, stdout, stderr).
+fn trace_file(file: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+    let mut all = vec!["trace", "--rules", file.to_str().unwrap()];
+    all.extend_from_slice(args);
+    run(&all)
+}
+
+#[test]
+fn traces_an_iptables_dry_run_of_one_family() {
+    let seed_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/seed-nginx");
+    let out = dry_run(seed_dir, &["--cluster-cidr=10.0.0.0/16"]);
+    assert!(out.contains("# IPv4: iptables-restore input"), "{out}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dry.txt");
+    std::fs::write(&file, &out).unwrap();
+    let pod = [
+        "--from",
+        "pod",
+        "--src",
+        "10.0.0.9",
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ];
+    let (ok, out, err) = trace_file(&file, &pod);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("DNAT 10.0.0.4:80") && out.contains("DNAT 10.0.1.2:80"),
+        "{out}"
+    );
+    assert!(out.contains("not masqueraded"), "{out}");
+    assert!(
+        out.contains("the rules are a --dry-run's IPv4 iptables-restore input"),
+        "{out}"
+    );
+    // Only the IPv4 section: an IPv6 packet is refused, naming what the file has.
+    let v4_only: String = std::fs::read_to_string(&file)
+        .unwrap()
+        .split("# IPv6: ")
+        .next()
+        .unwrap()
+        .to_string();
+    std::fs::write(&file, v4_only).unwrap();
+    let (ok, _, err) = trace_file(&file, &["--dst", "fd00:96::20", "--dport", "80"]);
+    assert!(!ok);
+    assert!(err.contains("IPv4 rules only"), "{err}");
+    assert!(err.contains("the packet is IPv6"), "{err}");
+}
+
+#[test]
+fn traces_a_dual_stack_iptables_dry_run_by_the_packets_family() {
+    let out = dry_run(DUAL_STACK, &[DUAL_CIDRS]);
+    assert!(out.contains("# IPv6: ip6tables-restore input"), "{out}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dry.txt");
+    std::fs::write(&file, &out).unwrap();
+    let (ok, out, err) = trace_file(
+        &file,
+        &[
+            "--from",
+            "pod",
+            "--src",
+            "10.0.0.9",
+            "--dst",
+            "10.96.0.20",
+            "--dport",
+            "80",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("100.0%  -> KUBE-SEP-") && out.contains("DNAT 10.0.0.4:8080"),
+        "{out}"
+    );
+    let (ok, out, err) = trace_file(
+        &file,
+        &[
+            "--from",
+            "pod",
+            "--src",
+            "fd00:10::9",
+            "--dst",
+            "fd00:96::20",
+            "--dport",
+            "80",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("DNAT [fd00:10::4]:8080"), "{out}");
+    assert!(out.contains("IPv6 iptables-restore input"), "{out}");
+    // The NodePort, on each family's node address.
+    let (ok, out, err) = trace_file(
+        &file,
+        &[
+            "--node-ip",
+            "fd00:56::10",
+            "--dst",
+            "fd00:56::10",
+            "--dport",
+            "30080",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("DNAT [fd00:10::4]:8080"), "{out}");
+    let (ok, out, err) = trace_file(
+        &file,
+        &[
+            "--node-ip",
+            "192.168.56.10",
+            "--dst",
+            "192.168.56.10",
+            "--dport",
+            "30080",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("DNAT 10.0.0.4:8080"), "{out}");
+}
+
+#[test]
+fn traces_an_nftables_dry_run_of_both_families() {
+    let out = dry_run(DUAL_STACK, &["--proxy-mode=nftables", DUAL_CIDRS]);
+    assert!(out.contains("# IPv6: nft -f input"), "{out}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dry.txt");
+    std::fs::write(&file, &out).unwrap();
+    let (ok, out, err) = trace_file(
+        &file,
+        &[
+            "--from",
+            "pod",
+            "--src",
+            "10.0.0.9",
+            "--dst",
+            "10.96.0.20",
+            "--dport",
+            "80",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("ip kube-proxy services"), "{out}");
+    assert!(out.contains("DNAT 10.0.0.4:8080"), "{out}");
+    let (ok, out, err) = trace_file(
+        &file,
+        &[
+            "--from",
+            "pod",
+            "--src",
+            "fd00:10::9",
+            "--dst",
+            "fd00:96::20",
+            "--dport",
+            "80",
+        ],
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("ip6 kube-proxy services"), "{out}");
+    assert!(out.contains("DNAT [fd00:10::4]:8080"), "{out}");
+}
+
+/// A small `ip6tables-save` of kube-proxy's rules for one IPv6 ClusterIP.
+const IP6_SAVE: &str = "# Generated by ip6tables-save v1.8.9 (nf_tables) on Wed Dec  2 07:00:00 2026
+*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-V6 - [0:0]
+:KUBE-SEP-V6 - [0:0]
+-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES
+-A KUBE-SERVICES -d fd00:96::20/128 -p tcp -m comment --comment \"default/web cluster IP\" -m tcp --dport 80 -j KUBE-SVC-V6
+-A KUBE-SVC-V6 -m comment --comment \"default/web -> [fd00:10::4]:8080\" -j KUBE-SEP-V6
+-A KUBE-SEP-V6 -p tcp -m comment --comment \"default/web\" -m tcp -j DNAT --to-destination [fd00:10::4]:8080
+COMMIT
+# Completed on Wed Dec  2 07:00:00 2026
+";
+
+#[test]
+fn traces_iptables_save_of_both_families_by_the_packets_family() {
+    let dir = tempfile::tempdir().unwrap();
+    let both = dir.path().join("both.txt");
+    let seed = std::fs::read_to_string(SEED_DUMP).unwrap();
+    let seed_saved = format!(
+        "# Generated by iptables-save v1.8.9 (nf_tables) on Wed Dec  2 07:00:00 2026\n{seed}"
+    );
+    std::fs::write(&both, format!("{seed_saved}{IP6_SAVE}")).unwrap();
+    let (ok, out, err) = trace_file(&both, &["--dst", "10.96.138.71", "--dport", "8080"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("DNAT 10.0.0.4:80") && out.contains("DNAT 10.0.1.2:80"),
+        "{out}"
+    );
+    assert!(out.contains("traced the IPv4 one (part 1 of 2)"), "{out}");
+    let v6 = [
+        "--from",
+        "pod",
+        "--src",
+        "fd00:10::9",
+        "--dst",
+        "fd00:96::20",
+        "--dport",
+        "80",
+    ];
+    let (ok, out, err) = trace_file(&both, &v6);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("100.0%  -> KUBE-SEP-V6  DNAT [fd00:10::4]:8080"),
+        "{out}"
+    );
+    assert!(out.contains("traced the IPv6 one (part 2 of 2)"), "{out}");
+    // Without the headers the parts are told apart by their addresses (here IPv6 first).
+    let bare: String = format!("{IP6_SAVE}{seed}")
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&both, bare).unwrap();
+    let (ok, out, err) = trace_file(&both, &v6);
+    assert!(ok, "{err}");
+    assert!(out.contains("DNAT [fd00:10::4]:8080"), "{out}");
+    // A plain ip6tables-save, and what is refused.
+    let one = dir.path().join("ip6.txt");
+    std::fs::write(&one, IP6_SAVE).unwrap();
+    let (ok, out, err) = trace_file(&one, &v6);
+    assert!(ok, "{err}");
+    assert!(out.contains("DNAT [fd00:10::4]:8080"), "{out}");
+    let (ok, _, err) = trace_file(&one, &["--dst", "10.96.138.71", "--dport", "8080"]);
+    assert!(!ok);
+    assert!(
+        err.contains("IPv6 rules only (ip6tables-save)") && err.contains("iptables-save"),
+        "{err}"
+    );
+    std::fs::write(&both, format!("{seed_saved}{seed_saved}")).unwrap();
+    let (ok, _, err) = trace_file(&both, &v6);
+    assert!(!ok);
+    assert!(
+        err.contains("none of them IPv6") && err.contains("ip6tables-save"),
+        "{err}"
+    );
+}
+
+/// Loads `script` (`nft -f` input) into a fresh namespace; returns `nft list ruleset`,
+/// `nft -a list ruleset` and `nft -j list ruleset`.
+fn listed(script: &str) -> (String, String, String) {
+    use std::io::Write as _;
+    let ns = Netns::new("trace-nftxt").unwrap();
+    let mut child = ns
+        .command("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "nft -f: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = ns.run("nft", ["list", "ruleset"]).unwrap();
+    let handles = ns.run("nft", ["-a", "list", "ruleset"]).unwrap();
+    let json = ns.run("nft", ["-j", "list", "ruleset"]).unwrap();
+    (text, handles, json)
+}
+
+#[path = "../../crates/trace/tests/common/nft_compare.rs"]
+mod nft_compare;
+
+#[test]
+fn nftables_dry_runs_loaded_into_a_kernel_read_the_same_as_text_and_json() {
+    if !require_root() {
+        return;
+    }
+    let seed_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/seed-nginx");
+    let cases: [(&str, String, Vec<&[&str]>); 3] = [
+        (
+            "seed",
+            dry_run(
+                seed_dir,
+                &["--proxy-mode=nftables", "--cluster-cidr=10.0.0.0/16"],
+            ),
+            vec![
+                &[
+                    "--from",
+                    "pod",
+                    "--src",
+                    "10.0.0.9",
+                    "--dst",
+                    "10.96.138.71",
+                    "--dport",
+                    "8080",
+                ],
+                &["--dst", "10.96.138.71", "--dport", "8080"],
+                &[
+                    "--from",
+                    "pod",
+                    "--src",
+                    "10.0.0.9",
+                    "--dst",
+                    "10.96.138.71",
+                    "--proto",
+                    "icmp",
+                ],
+            ],
+        ),
+        (
+            "dual-stack",
+            dry_run(DUAL_STACK, &["--proxy-mode=nftables", DUAL_CIDRS]),
+            vec![
+                &[
+                    "--from",
+                    "pod",
+                    "--src",
+                    "10.0.0.9",
+                    "--dst",
+                    "10.96.0.20",
+                    "--dport",
+                    "80",
+                ],
+                &[
+                    "--from",
+                    "pod",
+                    "--src",
+                    "fd00:10::9",
+                    "--dst",
+                    "fd00:96::20",
+                    "--dport",
+                    "80",
+                ],
+                &[
+                    "--node-ip",
+                    "fd00:56::10",
+                    "--dst",
+                    "fd00:56::10",
+                    "--dport",
+                    "30080",
+                ],
+            ],
+        ),
+        (
+            "every-feature",
+            std::fs::read_to_string(nft_fixture("every-feature.script.nft")).unwrap(),
+            EVERY_FEATURE_PACKETS.to_vec(),
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (name, script, packets) in cases {
+        let (text, handles, json) = listed(&script);
+        let from_json = kp_trace::nft::parse_nft_json(&json).expect("the JSON parses");
+        for listing in [&text, &handles] {
+            let from_text = kp_trace::nft::parse_nft_text(listing).expect("the listing parses");
+            if let Some(d) = nft_compare::first_difference(&from_text, &from_json, false) {
+                panic!("{name}: nft list ruleset and nft -j list ruleset read differently: {d}");
+            }
+        }
+        let files = [
+            ("script", script),
+            ("text", text),
+            ("handles", handles),
+            ("json", json),
+        ];
+        for (kind, content) in &files {
+            std::fs::write(dir.path().join(format!("{name}.{kind}")), content).unwrap();
+        }
+        for packet in packets {
+            let outs: Vec<String> = files
+                .iter()
+                .map(|(kind, _)| {
+                    let (ok, out, err) =
+                        trace_file(&dir.path().join(format!("{name}.{kind}")), packet);
+                    assert!(ok, "{name} {kind} {packet:?}: {err}");
+                    out
+                })
+                .collect();
+            // `nft -a` text names the rules by handle, as the JSON does; the others by
+            // position.
+            assert_eq!(outs[2], outs[3], "{name} {packet:?}: nft -a text vs JSON");
+            let json = nft_compare::without_rule_names(&outs[3]);
+            assert_eq!(
+                nft_compare::without_rule_names(&outs[1]),
+                json,
+                "{name} {packet:?}: text vs JSON"
+            );
+            assert_eq!(
+                nft_compare::without_rule_names(&outs[0]),
+                json,
+                "{name} {packet:?}: script vs JSON"
+            );
+        }
     }
 }
 

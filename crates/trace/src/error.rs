@@ -82,6 +82,16 @@ pub enum TraceError {
     /// libnftables schema (an object with an `nftables` array of objects).
     #[error("nftables JSON: {0}")]
     NftJson(String),
+    /// nftables text (`nft list ruleset` output or an `nft -f` script) could not be read:
+    /// an unbalanced brace, an unknown command, a rule for a chain (or elements for a set)
+    /// not declared before, or a rule handle the text cannot resolve.
+    #[error("nftables text, line {line}: {message}")]
+    NftText {
+        /// The line (1-based) where the problem is.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
     /// JSON serialization failed (it cannot for the types of this crate; kept so that
     /// [`crate::Trace::to_json`] does not need to panic).
     #[error("JSON serialization: {0}")]

@@ -3,7 +3,8 @@
 //!
 //! Two front ends share one result: [`trace`] evaluates an `iptables-save` dump
 //! ([`kp_netfilter::Ruleset`]); [`nft::trace_nft`] evaluates `nft -j list ruleset`
-//! ([`nft::NftRuleset`], read with [`nft::parse_nft_json`]; its model is documented in
+//! ([`nft::NftRuleset`], read with [`nft::parse_nft_json`], or from `nft list ruleset`
+//! text and `nft -f` scripts with [`nft::parse_nft_text`]; its model is documented in
 //! [`nft`]). Both return a [`Trace`] (with [`Trace::mode`] saying which), rendered by
 //! [`render_text`]. Two more front ends trace kube-proxy's other modes over iptables
 //! rules: [`trace_ipvs`] (with the IPVS table, [`ipvs`]) and [`trace_userspace`] (with
@@ -121,7 +122,7 @@ pub use common::MAX_DEPTH;
 pub use error::TraceError;
 pub use host::{Host, IpSet, SetMember, SetPort, SetType};
 pub use ipvs::{IpvsTable, trace_ipvs, trace_ipvs_with};
-pub use nft::{parse_nft_json, trace_nft, trace_nft_with};
+pub use nft::{parse_nft_json, parse_nft_text, trace_nft, trace_nft_with};
 pub use packet::{Entry, Packet, Proto};
 pub use render::render_text;
 pub use result::{Delivery, Destination, Effect, Mode, Outcome, Step, Trace, Verdict};

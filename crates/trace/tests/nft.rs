@@ -11,8 +11,11 @@ use std::io::Write as _;
 use std::net::IpAddr;
 use std::process::Stdio;
 
+#[path = "common/nft_compare.rs"]
+mod nft_compare;
+
 use kp_testkit::{Netns, require_root};
-use kp_trace::nft::{NftRuleset, parse_nft_json};
+use kp_trace::nft::{NftRuleset, parse_nft_json, parse_nft_text};
 use kp_trace::{
     Delivery, Effect, Entry, Host, Mode, Packet, Proto, Trace, TraceError, Verdict, render_text,
     trace_nft,
@@ -46,7 +49,24 @@ fn load(rules: &str) -> NftRuleset {
     let json = ns
         .run("nft", ["-j", "list", "ruleset"])
         .expect("nft -j list ruleset");
-    parse_nft_json(&json).expect("the JSON nft prints parses")
+    let from_json = parse_nft_json(&json).expect("the JSON nft prints parses");
+    // The text reader agrees with the JSON reader on every ruleset these tests load
+    // (`-a`: with the handles, so that the traces name the rules alike).
+    let text = ns
+        .run("nft", ["-a", "list", "ruleset"])
+        .expect("nft -a list ruleset");
+    let from_text = parse_nft_text(&text).expect("the text nft prints parses");
+    if let Some(d) = nft_compare::first_difference(&from_text, &from_json, true) {
+        panic!("nft list ruleset and nft -j list ruleset read differently: {d}\n{text}");
+    }
+    TEXT_READINGS.with(|t| t.borrow_mut().push((from_text, from_json.clone())));
+    from_json
+}
+
+thread_local! {
+    /// Every ruleset [`load`] read, as text and as JSON, for [`run`] to trace both.
+    static TEXT_READINGS: std::cell::RefCell<Vec<(NftRuleset, NftRuleset)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Upstream's fixed rules (`baseRules` of proxier_test.go) for family `ip` or `ip6`, with
@@ -155,6 +175,40 @@ fn run(rules: &NftRuleset, host: &Host, p: &Packet) -> Trace {
     assert_eq!(t.mode, Mode::Nftables);
     let total: f64 = t.outcomes.iter().map(|o| o.probability).sum();
     assert!((total - 1.0).abs() < 1e-9, "probabilities sum to {total}");
+    // The same rules read from `nft list ruleset` trace the same way.
+    let text = TEXT_READINGS.with(|r| {
+        r.borrow()
+            .iter()
+            .find(|(_, json)| json == rules)
+            .map(|(text, _)| text.clone())
+    });
+    if let Some(text) = text {
+        let tt = trace_nft(&text, host, p).expect("trace of the text reading");
+        let unknown = t.outcomes.iter().any(|o| !o.unknown.is_empty());
+        if unknown {
+            // Unknown statements are shown as the reader kept them (JSON or text).
+            let shape = |t: &Trace| {
+                t.outcomes
+                    .iter()
+                    .map(|o| {
+                        (
+                            format!("{:?}", o.verdict),
+                            o.probability,
+                            o.uncertain,
+                            o.unknown.len(),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            };
+            assert_eq!(shape(&tt), shape(&t), "text vs JSON reading");
+        } else {
+            assert_eq!(
+                render_text(&tt, p),
+                render_text(&t, p),
+                "text vs JSON reading"
+            );
+        }
+    }
     t
 }
 

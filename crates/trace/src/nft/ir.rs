@@ -83,6 +83,28 @@ impl NftRuleset {
         self.table(Family::Ip, "kube-proxy").is_some()
             || self.table(Family::Ip6, "kube-proxy").is_some()
     }
+
+    /// This ruleset without what only one of its two printed forms carries, so that the
+    /// `nft -j list ruleset` JSON and the `nft list ruleset` text of the same rules compare
+    /// equal: handles (only JSON and `nft -a` print them), the `nft` version (JSON's
+    /// `metainfo`), and the `dynamic` set flag (the text has it, nft 1.0.6's JSON leaves it
+    /// out; the tracer takes a set that rules add elements to as dynamic either way).
+    pub fn without_format_details(&self) -> NftRuleset {
+        let mut rs = self.clone();
+        rs.nft_version = None;
+        for t in &mut rs.tables {
+            for c in t.chains.values_mut() {
+                c.handle = None;
+                for r in &mut c.rules {
+                    r.handle = None;
+                }
+            }
+            for s in t.sets.values_mut() {
+                s.flags.retain(|f| f != "dynamic");
+            }
+        }
+        rs
+    }
 }
 
 /// One table.

@@ -1,5 +1,6 @@
 //! The packet tracer for nftables rules: [`parse_nft_json`] reads `nft -j list ruleset`,
-//! [`trace_nft`] evaluates a [`Packet`] through it and returns the same [`Trace`] as the
+//! [`parse_nft_text`] reads `nft list ruleset` text and `nft -f` scripts (what nftables
+//! mode's `--dry-run` prints) into the same IR, and [`trace_nft`] evaluates a [`Packet`] through it and returns the same [`Trace`] as the
 //! iptables tracer ([`crate::trace`]), so callers treat both modes alike.
 //!
 //! ```no_run
@@ -94,6 +95,7 @@ mod engine;
 mod eval;
 mod ir;
 mod json;
+mod parse_text;
 mod text;
 
 pub use ir::{
@@ -101,6 +103,7 @@ pub use ir::{
     NftTable, NftVerdict, SetElem, Stmt,
 };
 pub use json::parse_nft_json;
+pub use parse_text::{looks_like_nft_text, parse_nft_text};
 
 use crate::{Host, Packet, Trace, TraceError, TraceOptions};
 
