@@ -65,10 +65,10 @@ fn events(from: usize, to: usize, first_endpoint: usize) -> Vec<SourceEvent> {
         let name = format!("svc-{i}");
         let mut b = ServiceBuilder::new(&name, &format!("10.96.{}.{}", i / 200, i % 200 + 1))
             .tcp("http", 80);
-        if i % 10 == 0 {
+        if i.is_multiple_of(10) {
             b = b.node_port(30000 + i as u16);
         }
-        if i % 20 == 0 {
+        if i.is_multiple_of(20) {
             b = b.external_local(None);
         }
         out.push(SourceEvent::ServiceUpsert(b.build()));
@@ -76,7 +76,11 @@ fn events(from: usize, to: usize, first_endpoint: usize) -> Vec<SourceEvent> {
             .named(&format!("{name}-x"))
             .port("http", 8080);
         for e in first_endpoint..first_endpoint + 10 {
-            let node = if e % 3 == 0 { "node-a" } else { "node-b" };
+            let node = if e.is_multiple_of(3) {
+                "node-a"
+            } else {
+                "node-b"
+            };
             s = s.ready(&format!("10.0.{}.{}", i % 250, e + 1), node);
         }
         out.push(SourceEvent::SliceUpsert(s.build()));

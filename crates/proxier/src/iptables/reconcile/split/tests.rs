@@ -38,13 +38,13 @@ fn tracker() -> Tracker {
 fn service_events(i: usize, eps: usize, first: usize) -> Vec<SourceEvent> {
     let name = format!("svc-{i}");
     let mut b = ServiceBuilder::new(&name, &format!("10.96.0.{i}")).tcp("http", 80);
-    if i % 3 == 0 || i % 5 == 0 || i % 7 == 0 {
+    if i.is_multiple_of(3) || i.is_multiple_of(5) || i.is_multiple_of(7) {
         b = b.node_port(30000 + i as u16);
     }
-    if i % 5 == 0 {
+    if i.is_multiple_of(5) {
         b = b.external_local(None);
     }
-    if i % 7 == 0 {
+    if i.is_multiple_of(7) {
         b = b
             .load_balancer(&[&format!("192.0.2.{i}")])
             .source_ranges(&["203.0.113.0/24"]);
@@ -53,7 +53,11 @@ fn service_events(i: usize, eps: usize, first: usize) -> Vec<SourceEvent> {
         .named(&format!("{name}-x"))
         .port("http", 8080);
     for e in first..first + eps {
-        let node = if e % 2 == 0 { "node-a" } else { "node-b" };
+        let node = if e.is_multiple_of(2) {
+            "node-a"
+        } else {
+            "node-b"
+        };
         s = s.ready(&format!("10.1.{i}.{e}"), node);
     }
     vec![
