@@ -334,12 +334,12 @@ pub struct ProxyArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub iptables_backend: IptablesBackendArg,
 
-    /// iptables mode: start every full sync's restore with `-Z` in each table. This makes
-    /// `iptables-nft-restore` 1.8.x 10–30× faster on large rulesets (it otherwise compares
-    /// every command against a sorted list of every chain: minutes at 5,000 Services); the
-    /// rules are unchanged, but the packet and byte counters of every rule in the filter and
-    /// nat tables, ours and other software's, are reset at each full sync (start-up, hourly,
-    /// after a failure). See docs/benchmarks.md. Off by default.
+    /// iptables mode: start every full sync's restore with `-Z` in each table, and send its
+    /// nat table as one transaction. The rules are unchanged, but the packet and byte counters
+    /// of every rule in the filter and nat tables, ours and other software's, are reset at
+    /// each full sync (start-up, hourly, after a failure). No longer needed for speed: without
+    /// it, large full syncs on the nf_tables backend are split into several transactions,
+    /// which is as fast or faster and keeps counters. See docs/benchmarks.md. Off by default.
     #[arg(long)]
     pub iptables_zero_counters_on_full_sync: bool,
 

@@ -233,7 +233,7 @@ pub(crate) fn proxier_with_relay_in(
             return Ok((Box::new(p), Some(threads)));
         }
         Mode::Direct => anyhow::bail!("the direct baseline has no proxier"),
-        Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesNftZero => {
+        Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesNftOne | Mode::IptablesNftZero => {
             let backend = if mode == Mode::IptablesLegacy {
                 Backend::Legacy
             } else {
@@ -251,7 +251,11 @@ pub(crate) fn proxier_with_relay_in(
                     ExecIptables::with_exec(IpVersion::V4, backend, exec),
                     host,
                 )?
-                .with_zero_counters_on_full_sync(mode == Mode::IptablesNftZero),
+                .with_zero_counters_on_full_sync(mode == Mode::IptablesNftZero)
+                .with_split_full_syncs(match mode {
+                    Mode::IptablesNft => Some(kp_proxier::iptables::reconcile::split::NFT_SPLIT),
+                    _ => None,
+                }),
             )
         }
         Mode::Nftables => {
@@ -392,7 +396,7 @@ pub(crate) fn tool_in(
 pub fn floor_argv(mode: Mode) -> Vec<&'static str> {
     match mode {
         Mode::IptablesLegacy => vec!["iptables-legacy-restore", "--noflush", "--counters"],
-        Mode::IptablesNft | Mode::IptablesNftZero => {
+        Mode::IptablesNft | Mode::IptablesNftOne | Mode::IptablesNftZero => {
             vec!["iptables-nft-restore", "--noflush", "--counters"]
         }
         Mode::Nftables => vec!["nft", "-f", "-"],

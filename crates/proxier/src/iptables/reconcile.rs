@@ -1,5 +1,6 @@
 //! Reconciliation: turns a [`Rendered`] ruleset plus what the kernel holds into ONE
-//! `iptables-restore --noflush` payload.
+//! `iptables-restore --noflush` payload (on the nf_tables backend, [`split`] cuts a large
+//! full sync's nat table into several transactions within that payload).
 //!
 //! - A *full* sync declares (and so flushes) every chain we own, writes all rules, adds the
 //!   jump rules from the built-in chains that are missing, and deletes stale per-Service
@@ -26,6 +27,8 @@ use super::names::{
     KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_PROXY_FIREWALL, KUBE_SERVICES, is_service_chain,
 };
 use super::render::{ChainSet, Rendered, TableRules};
+
+pub mod split;
 
 /// Where a jump rule goes in its built-in chain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

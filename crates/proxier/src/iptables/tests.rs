@@ -603,3 +603,136 @@ fn without_nfacct_the_rules_are_the_seeds() {
         assert_contains_in_chain_order(&saved, &rule_lines(SEED_EXPECTED_IPTABLES));
     }
 }
+
+/// `n` Services `big-i` (10.96.1.i:80) with 10 endpoints each: about 45 nat lines per Service.
+fn big_cluster_events(n: usize) -> Vec<SourceEvent> {
+    let mut out = Vec::new();
+    for i in 0..n {
+        let name = format!("big-{i}");
+        out.push(SourceEvent::ServiceUpsert(
+            ServiceBuilder::new(&name, &format!("10.96.{}.{}", 1 + i / 250, i % 250))
+                .tcp("", 80)
+                .build(),
+        ));
+        let mut s = SliceBuilder::new(&name)
+            .named(&format!("{name}-x"))
+            .port("", 8080);
+        for e in 0..10 {
+            s = s.ready(&format!("10.0.{}.{}", i % 250, 10 + e), "k8s-worker");
+        }
+        out.push(SourceEvent::SliceUpsert(s.build()));
+    }
+    out
+}
+
+fn nat_blocks(payload: &[u8]) -> usize {
+    String::from_utf8_lossy(payload).matches("*nat\n").count()
+}
+
+fn legacy() -> kp_netfilter::IptablesVersion {
+    kp_netfilter::IptablesVersion::parse("iptables v1.8.9 (legacy)").unwrap()
+}
+
+#[test]
+fn the_legacy_backend_keeps_one_transaction_and_nft_splits_large_full_syncs() {
+    let mut t = tracker();
+    for e in big_cluster_events(100) {
+        t.apply(e);
+    }
+    let (snap, changes) = t.checkout();
+    let mut nft = proxier(FakeIptables::new(IpVersion::V4));
+    let mut leg = proxier(FakeIptables::new(IpVersion::V4).with_version(legacy()));
+    for p in [&mut nft, &mut leg] {
+        assert!(p.sync(&snap, &changes).unwrap().full);
+    }
+    let nft_payload = nft.runner().last_payload().unwrap();
+    let leg_payload = leg.runner().last_payload().unwrap();
+    assert!(
+        nat_blocks(&leg_payload) == 2,
+        "legacy: the nat table and its canary, one transaction each"
+    );
+    assert!(
+        nat_blocks(&nft_payload) >= 5,
+        "nf_tables: {} nat blocks",
+        nat_blocks(&nft_payload)
+    );
+    assert_eq!(save(&nft), save(&leg), "the same rules either way");
+    // A full resync over the loaded table is split too; a partial sync never is.
+    let full = Changes {
+        full_resync_needed: true,
+        ..Changes::default()
+    };
+    nft.sync(&snap, &full).unwrap();
+    assert!(nat_blocks(&nft.runner().last_payload().unwrap()) >= 3);
+    assert_eq!(save(&nft), save(&leg));
+    t.apply(SourceEvent::ServiceDelete(NamespacedName::new(
+        "default", "big-7",
+    )));
+    let (snap, changes) = t.checkout();
+    assert!(!nft.sync(&snap, &changes).unwrap().full);
+    assert_eq!(nat_blocks(&nft.runner().last_payload().unwrap()), 1);
+    // Splitting can be turned off, and `-Z` payloads are sent whole.
+    let mut off = proxier(FakeIptables::new(IpVersion::V4)).with_split_full_syncs(None);
+    off.sync(&snap, &Changes::default()).unwrap();
+    assert_eq!(nat_blocks(&off.runner().last_payload().unwrap()), 2);
+    let mut zero = proxier(FakeIptables::new(IpVersion::V4)).with_zero_counters_on_full_sync(true);
+    zero.sync(&snap, &Changes::default()).unwrap();
+    assert_eq!(nat_blocks(&zero.runner().last_payload().unwrap()), 2);
+}
+
+#[test]
+fn a_failed_transaction_of_a_split_sync_leaves_a_correct_state_and_forces_a_full_retry() {
+    let mut t = tracker();
+    for e in big_cluster_events(100) {
+        t.apply(e);
+    }
+    let mut p = proxier(FakeIptables::new(IpVersion::V4));
+    sync(&mut p, &mut t);
+    // Another program jumps to big-3's KUBE-SVC chain, so that deleting it fails (the last
+    // transactions of the split sync delete the stale chains).
+    let nat = p.runner().save(Some(Table::Nat)).unwrap();
+    let svc3 = nat
+        .lines()
+        .find(|l| l.contains("default/big-3 cluster IP") && l.starts_with("-A KUBE-SERVICES"))
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap()
+        .to_string();
+    p.runner()
+        .restore(format!("*nat\n:FOREIGN - [0:0]\n-A FOREIGN -j {svc3}\nCOMMIT\n").as_bytes())
+        .unwrap();
+    t.apply(SourceEvent::ServiceDelete(NamespacedName::new(
+        "default", "big-3",
+    )));
+    t.apply(SourceEvent::ServiceUpsert(
+        ServiceBuilder::new("new-svc", "10.96.9.9")
+            .tcp("", 80)
+            .build(),
+    ));
+    t.apply(SourceEvent::SliceUpsert(slice(
+        "new-svc",
+        80,
+        &[("10.0.9.9", "k8s-worker")],
+    )));
+    let (snap, mut changes) = t.checkout();
+    changes.full_resync_needed = true;
+    let err = p.sync(&snap, &changes).unwrap_err();
+    assert!(err.to_string().contains("failed"), "{err}");
+    assert!(nat_blocks(&p.runner().last_payload().unwrap()) >= 5);
+    // The transactions before the failing one are in place, and they are a correct state:
+    // the new Service is reachable, the deleted one no longer is, its chain still exists.
+    let nat = p.runner().save(Some(Table::Nat)).unwrap();
+    assert!(nat.contains("-d 10.96.9.9/32"), "new Service programmed");
+    assert!(
+        !nat.lines()
+            .any(|l| l.starts_with("-A KUBE-SERVICES") && l.contains("default/big-3 cluster IP"))
+    );
+    assert!(nat.contains(&format!(":{svc3} ")));
+    // The retry, without a change list, is full and finishes the job once nothing blocks it.
+    p.runner()
+        .restore(b"*nat\n:FOREIGN - [0:0]\n-X FOREIGN\nCOMMIT\n")
+        .unwrap();
+    let report = p.sync(&snap, &Changes::default()).unwrap();
+    assert!(report.full);
+    assert!(report.deleted_chains >= 11, "{}", report.deleted_chains);
+    assert!(!p.runner().save(Some(Table::Nat)).unwrap().contains(&svc3));
+}

@@ -1,0 +1,184 @@
+//! Kernel test of the split full sync on the nf_tables backend: the real
+//! `iptables-nft-restore` loads a split payload (several nat transactions) into a fresh
+//! network namespace, and the kernel ends up with exactly the rules of the one-transaction
+//! payload loaded into another namespace, on a cold sync and on a full resync that adds,
+//! changes and deletes Services. Needs root (CI runs as root).
+
+use std::sync::{Arc, Mutex};
+
+use kp_model::{IpFamily, NamespacedName, ObjectKind, SourceEvent};
+use kp_netfilter::{
+    Backend, Error, Exec, ExecIptables, ExecOutput, IpVersion, Iptables, SystemExec, Table,
+};
+use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
+use kp_proxier::{FakeHost, LocalDetector, Proxier};
+use kp_testkit::Netns;
+use kp_testkit::builders::{ServiceBuilder, SliceBuilder};
+use kp_track::Tracker;
+
+/// Runs commands inside a namespace and keeps the stdin of every `iptables-nft-restore`.
+struct Recording {
+    inner: SystemExec,
+    restores: Mutex<Vec<String>>,
+}
+
+impl Exec for Recording {
+    fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<ExecOutput, Error> {
+        if argv.first().is_some_and(|a| a.ends_with("-restore"))
+            && let Some(input) = stdin
+        {
+            self.restores
+                .lock()
+                .unwrap()
+                .push(String::from_utf8_lossy(input).into_owned());
+        }
+        self.inner.run(argv, stdin)
+    }
+}
+
+fn proxier(ns: &Netns, split: bool) -> (IptablesProxier<ExecIptables>, Arc<Recording>) {
+    let rec = Arc::new(Recording {
+        inner: SystemExec::with_prefix(
+            ["ip", "netns", "exec", ns.name()]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        ),
+        restores: Mutex::new(Vec::new()),
+    });
+    let ipt = ExecIptables::with_exec(IpVersion::V4, Backend::Nft, rec.clone());
+    let cfg = IptablesConfig {
+        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/16".parse().unwrap()]),
+        ..IptablesConfig::default()
+    };
+    let mut p = IptablesProxier::new(IpFamily::V4, cfg, ipt, Arc::new(FakeHost::default()))
+        .expect("proxier");
+    if !split {
+        p = p.with_split_full_syncs(None);
+    }
+    (p, rec)
+}
+
+fn events(from: usize, to: usize, first_endpoint: usize) -> Vec<SourceEvent> {
+    let mut out = Vec::new();
+    for i in from..to {
+        let name = format!("svc-{i}");
+        let mut b = ServiceBuilder::new(&name, &format!("10.96.{}.{}", i / 200, i % 200 + 1))
+            .tcp("http", 80);
+        if i.is_multiple_of(10) {
+            b = b.node_port(30000 + i as u16);
+        }
+        if i.is_multiple_of(20) {
+            b = b.external_local(None);
+        }
+        out.push(SourceEvent::ServiceUpsert(b.build()));
+        let mut s = SliceBuilder::new(&name)
+            .named(&format!("{name}-x"))
+            .port("http", 8080);
+        for e in first_endpoint..first_endpoint + 10 {
+            let node = if e.is_multiple_of(3) {
+                "node-a"
+            } else {
+                "node-b"
+            };
+            s = s.ready(&format!("10.0.{}.{}", i % 250, e + 1), node);
+        }
+        out.push(SourceEvent::SliceUpsert(s.build()));
+    }
+    out
+}
+
+/// `iptables-nft-save` of filter and nat without comment lines and chain counters.
+fn tables(p: &IptablesProxier<ExecIptables>) -> String {
+    let mut out = String::new();
+    for t in [Table::Filter, Table::Nat] {
+        for line in p.runner().save(Some(t)).expect("iptables-nft-save").lines() {
+            if line.starts_with('#') {
+                continue;
+            }
+            match line.strip_prefix(':') {
+                Some(decl) => out.push_str(decl.split(' ').next().unwrap_or(decl)),
+                None => out.push_str(line),
+            }
+            out.push('\n');
+        }
+    }
+    out
+}
+
+fn nat_blocks(payload: &str) -> usize {
+    payload.matches("*nat\n").count()
+}
+
+#[test]
+fn split_full_syncs_load_the_same_rules_as_one_transaction() {
+    if !kp_testkit::require_root() {
+        return;
+    }
+    let split_ns = Netns::new("nft-split").unwrap();
+    let whole_ns = Netns::new("nft-whole").unwrap();
+    let (mut split, split_rec) = proxier(&split_ns, true);
+    let (mut whole, whole_rec) = proxier(&whole_ns, false);
+    let mut t = Tracker::new(IpFamily::V4, "node-a");
+    for k in [
+        ObjectKind::Service,
+        ObjectKind::EndpointSlice,
+        ObjectKind::Node,
+    ] {
+        t.apply(SourceEvent::Synced(k));
+    }
+    // 300 Services × 10 endpoints: about 13,000 nat lines.
+    for e in events(0, 300, 0) {
+        t.apply(e);
+    }
+    let (snap, changes) = t.checkout();
+    for p in [&mut split, &mut whole] {
+        assert!(p.sync(&snap, &changes).expect("cold sync").full);
+    }
+    let sent = split_rec.restores.lock().unwrap().last().cloned().unwrap();
+    assert!(nat_blocks(&sent) >= 10, "{} nat blocks", nat_blocks(&sent));
+    let sent_whole = whole_rec.restores.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(nat_blocks(&sent_whole), 2, "the nat table and the canary");
+    let loaded = tables(&split);
+    assert!(
+        loaded
+            .lines()
+            .filter(|l| l.starts_with("-A KUBE-SEP-"))
+            .count()
+            >= 6_000
+    );
+    assert_eq!(loaded, tables(&whole), "cold sync");
+
+    // A full resync that deletes 50 Services, moves the endpoints of 50 and adds 50.
+    for i in 0..50 {
+        t.apply(SourceEvent::SliceDelete(NamespacedName::new(
+            "default",
+            format!("svc-{i}-x"),
+        )));
+        t.apply(SourceEvent::ServiceDelete(NamespacedName::new(
+            "default",
+            format!("svc-{i}"),
+        )));
+    }
+    for e in events(50, 100, 20).into_iter().chain(events(300, 350, 0)) {
+        t.apply(e);
+    }
+    let (snap, mut changes) = t.checkout();
+    changes.full_resync_needed = true;
+    let reports: Vec<_> = [&mut split, &mut whole]
+        .into_iter()
+        .map(|p| p.sync(&snap, &changes).expect("full resync"))
+        .collect();
+    assert!(reports[0].full && reports[0].deleted_chains >= 1_000);
+    assert_eq!(reports[0].deleted_chains, reports[1].deleted_chains);
+    let sent = split_rec.restores.lock().unwrap().last().cloned().unwrap();
+    assert!(sent.contains("\n-X KUBE-SEP-"));
+    assert!(nat_blocks(&sent) >= 5, "{} nat blocks", nat_blocks(&sent));
+    let loaded = tables(&split);
+    assert!(!loaded.contains("\"default/svc-7:http"));
+    assert!(loaded.contains("\"default/svc-320:http"));
+    assert_eq!(loaded, tables(&whole), "full resync");
+    // And a resync without changes leaves the kernel as it was.
+    split.sync(&snap, &changes).expect("second resync");
+    assert_eq!(tables(&split), loaded);
+}
