@@ -1017,6 +1017,14 @@ fn trace_file(file: &std::path::Path, args: &[&str]) -> (bool, String, String) {
     run(&all)
 }
 
+/// `trace --rules FILE ARGS` (`args` split at spaces) that must succeed; its output.
+fn traced(file: &std::path::Path, args: &str) -> String {
+    let args: Vec<&str> = args.split_whitespace().collect();
+    let (ok, out, err) = trace_file(file, &args);
+    assert!(ok, "trace {args:?}: {err}");
+    out
+}
+
 #[test]
 fn traces_an_iptables_dry_run_of_one_family() {
     let seed_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/seed-nginx");
@@ -1067,66 +1075,30 @@ fn traces_a_dual_stack_iptables_dry_run_by_the_packets_family() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("dry.txt");
     std::fs::write(&file, &out).unwrap();
-    let (ok, out, err) = trace_file(
+    let out = traced(
         &file,
-        &[
-            "--from",
-            "pod",
-            "--src",
-            "10.0.0.9",
-            "--dst",
-            "10.96.0.20",
-            "--dport",
-            "80",
-        ],
+        "--from pod --src 10.0.0.9 --dst 10.96.0.20 --dport 80",
     );
-    assert!(ok, "{err}");
     assert!(
         out.contains("100.0%  -> KUBE-SEP-") && out.contains("DNAT 10.0.0.4:8080"),
         "{out}"
     );
-    let (ok, out, err) = trace_file(
+    let out = traced(
         &file,
-        &[
-            "--from",
-            "pod",
-            "--src",
-            "fd00:10::9",
-            "--dst",
-            "fd00:96::20",
-            "--dport",
-            "80",
-        ],
+        "--from pod --src fd00:10::9 --dst fd00:96::20 --dport 80",
     );
-    assert!(ok, "{err}");
     assert!(out.contains("DNAT [fd00:10::4]:8080"), "{out}");
     assert!(out.contains("IPv6 iptables-restore input"), "{out}");
     // The NodePort, on each family's node address.
-    let (ok, out, err) = trace_file(
+    let out = traced(
         &file,
-        &[
-            "--node-ip",
-            "fd00:56::10",
-            "--dst",
-            "fd00:56::10",
-            "--dport",
-            "30080",
-        ],
+        "--node-ip fd00:56::10 --dst fd00:56::10 --dport 30080",
     );
-    assert!(ok, "{err}");
     assert!(out.contains("DNAT [fd00:10::4]:8080"), "{out}");
-    let (ok, out, err) = trace_file(
+    let out = traced(
         &file,
-        &[
-            "--node-ip",
-            "192.168.56.10",
-            "--dst",
-            "192.168.56.10",
-            "--dport",
-            "30080",
-        ],
+        "--node-ip 192.168.56.10 --dst 192.168.56.10 --dport 30080",
     );
-    assert!(ok, "{err}");
     assert!(out.contains("DNAT 10.0.0.4:8080"), "{out}");
 }
 
@@ -1137,36 +1109,16 @@ fn traces_an_nftables_dry_run_of_both_families() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("dry.txt");
     std::fs::write(&file, &out).unwrap();
-    let (ok, out, err) = trace_file(
+    let out = traced(
         &file,
-        &[
-            "--from",
-            "pod",
-            "--src",
-            "10.0.0.9",
-            "--dst",
-            "10.96.0.20",
-            "--dport",
-            "80",
-        ],
+        "--from pod --src 10.0.0.9 --dst 10.96.0.20 --dport 80",
     );
-    assert!(ok, "{err}");
     assert!(out.contains("ip kube-proxy services"), "{out}");
     assert!(out.contains("DNAT 10.0.0.4:8080"), "{out}");
-    let (ok, out, err) = trace_file(
+    let out = traced(
         &file,
-        &[
-            "--from",
-            "pod",
-            "--src",
-            "fd00:10::9",
-            "--dst",
-            "fd00:96::20",
-            "--dport",
-            "80",
-        ],
+        "--from pod --src fd00:10::9 --dst fd00:96::20 --dport 80",
     );
-    assert!(ok, "{err}");
     assert!(out.contains("ip6 kube-proxy services"), "{out}");
     assert!(out.contains("DNAT [fd00:10::4]:8080"), "{out}");
 }

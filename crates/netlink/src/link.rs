@@ -255,24 +255,10 @@ impl Links {
     }
 
     fn send(&self, data: &[u8], op: &str) -> LinkResult<()> {
-        loop {
-            match self.socket.send(data, 0) {
-                Ok(n) if n == data.len() => return Ok(()),
-                Ok(n) => {
-                    return Err(LinkError::Io {
-                        op: op.to_string(),
-                        source: io::Error::other(format!("sent {n} of {} bytes", data.len())),
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(LinkError::Io {
-                        op: op.to_string(),
-                        source,
-                    });
-                }
-            }
-        }
+        crate::nfsocket::send_whole(&self.socket, data).map_err(|source| LinkError::Io {
+            op: op.to_string(),
+            source,
+        })
     }
 
     /// Reads one datagram and decodes its messages.

@@ -1,7 +1,8 @@
 //! The `NETLINK_NETFILTER` socket shared by the nfnetlink adapters (ctnetlink in
 //! [`crate::Conntrack`], nfacct in [`crate::Nfacct`]): creation in the calling thread's
 //! network namespace, a receive timeout, sequence numbers, and `send`/`recv` that retry on
-//! `EINTR` and report `ENOBUFS` (lost messages) apart from other failures.
+//! `EINTR` and report `ENOBUFS` (lost messages) apart from other failures; and
+//! [`send_whole`], the send of every netlink socket of this crate.
 
 use std::io;
 use std::time::Duration;
@@ -19,6 +20,25 @@ const MAX_TIMEOUT: Duration = Duration::from_secs(86_400);
 const RECV_BUFFER: usize = 64 * 1024;
 /// `SO_RCVBUF` asked for (the kernel caps it at `net.core.rmem_max`).
 const SOCKET_RCVBUF: usize = 1 << 20;
+
+/// Sends `data` as one datagram on any of this crate's netlink sockets (netfilter, generic
+/// netlink for IPVS, rtnetlink), retrying on `EINTR`. A short send is an error (netlink
+/// datagrams are never split).
+pub(crate) fn send_whole(socket: &Socket, data: &[u8]) -> io::Result<()> {
+    loop {
+        match socket.send(data, 0) {
+            Ok(n) if n == data.len() => return Ok(()),
+            Ok(n) => {
+                return Err(io::Error::other(format!(
+                    "sent {n} of {} bytes",
+                    data.len()
+                )));
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
 
 /// What one `recv` produced.
 pub(crate) enum Received {
@@ -79,24 +99,10 @@ impl NfSocket {
 
     /// Sends one request whole.
     pub(crate) fn send(&self, request: &[u8], op: &str) -> Result<()> {
-        loop {
-            match self.socket.send(request, 0) {
-                Ok(n) if n == request.len() => return Ok(()),
-                Ok(n) => {
-                    return Err(Error::Io {
-                        op: op.to_owned(),
-                        source: io::Error::other(format!("sent {n} of {} bytes", request.len())),
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(Error::Io {
-                        op: op.to_owned(),
-                        source,
-                    });
-                }
-            }
-        }
+        send_whole(&self.socket, request).map_err(|source| Error::Io {
+            op: op.to_owned(),
+            source,
+        })
     }
 
     /// Receives one datagram (then read it with [`datagram`](Self::datagram)).

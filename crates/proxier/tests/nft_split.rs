@@ -6,7 +6,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use kp_model::{IpFamily, NamespacedName, ObjectKind, SourceEvent};
+use kp_model::{IpFamily, NamespacedName, SourceEvent};
 use kp_netfilter::{
     Backend, Error, Exec, ExecIptables, ExecOutput, IpVersion, Iptables, SystemExec, Table,
 };
@@ -14,7 +14,6 @@ use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
 use kp_proxier::{FakeHost, LocalDetector, Proxier};
 use kp_testkit::Netns;
 use kp_testkit::builders::{ServiceBuilder, SliceBuilder};
-use kp_track::Tracker;
 
 /// Runs commands inside a namespace and keeps the stdin of every `iptables-nft-restore`.
 struct Recording {
@@ -119,14 +118,7 @@ fn split_full_syncs_load_the_same_rules_as_one_transaction() {
     let whole_ns = Netns::new("nft-whole").unwrap();
     let (mut split, split_rec) = proxier(&split_ns, true);
     let (mut whole, whole_rec) = proxier(&whole_ns, false);
-    let mut t = Tracker::new(IpFamily::V4, "node-a");
-    for k in [
-        ObjectKind::Service,
-        ObjectKind::EndpointSlice,
-        ObjectKind::Node,
-    ] {
-        t.apply(SourceEvent::Synced(k));
-    }
+    let mut t = kp_testkit::builders::synced_tracker(IpFamily::V4, "node-a");
     // 300 Services × 10 endpoints: about 13,000 nat lines.
     for e in events(0, 300, 0) {
         t.apply(e);

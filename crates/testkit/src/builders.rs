@@ -262,14 +262,9 @@ pub fn snapshot(
     snapshot_with_node(family, node, None, services, slices)
 }
 
-/// As [`snapshot`], with this node's Node object (labels, addresses, pod CIDRs).
-pub fn snapshot_with_node(
-    family: IpFamily,
-    node: &str,
-    node_object: Option<Node>,
-    services: Vec<Service>,
-    slices: Vec<EndpointSlice>,
-) -> Snapshot {
+/// A tracker for `family` on node `node` whose Services, EndpointSlices and Nodes have all
+/// delivered their (empty) initial lists, so it checks out snapshots at once.
+pub fn synced_tracker(family: IpFamily, node: &str) -> Tracker {
     let mut t = Tracker::new(family, node);
     for k in [
         ObjectKind::Service,
@@ -278,6 +273,18 @@ pub fn snapshot_with_node(
     ] {
         t.apply(SourceEvent::Synced(k));
     }
+    t
+}
+
+/// As [`snapshot`], with this node's Node object (labels, addresses, pod CIDRs).
+pub fn snapshot_with_node(
+    family: IpFamily,
+    node: &str,
+    node_object: Option<Node>,
+    services: Vec<Service>,
+    slices: Vec<EndpointSlice>,
+) -> Snapshot {
+    let mut t = synced_tracker(family, node);
     if let Some(n) = node_object {
         t.apply(SourceEvent::NodeUpsert(n));
     }

@@ -174,24 +174,10 @@ impl Ipvs {
                 bytes: request.to_vec(),
             });
         }
-        loop {
-            match self.socket.send(request, 0) {
-                Ok(n) if n == request.len() => return Ok(()),
-                Ok(n) => {
-                    return Err(Error::Io {
-                        op: op.to_owned(),
-                        source: io::Error::other(format!("sent {n} of {} bytes", request.len())),
-                    });
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(source) => {
-                    return Err(Error::Io {
-                        op: op.to_owned(),
-                        source,
-                    });
-                }
-            }
-        }
+        crate::nfsocket::send_whole(&self.socket, request).map_err(|source| Error::Io {
+            op: op.to_owned(),
+            source,
+        })
     }
 
     fn recv(&mut self, op: &str) -> Result<Received> {

@@ -480,6 +480,8 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
                 match split::split_full_payload(&payload, &policy, existing) {
                     Ok(s) => {
                         nat_transactions = s.nat_transactions;
+                        // Not held while the tool runs.
+                        drop(payload);
                         s.payload
                     }
                     Err(why) => {

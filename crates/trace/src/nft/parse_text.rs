@@ -307,6 +307,62 @@ const BARE_META: &[&str] = &[
     "oifkind",
 ];
 
+/// Reading a token list left to right: what [`Parser`] (a whole file) and [`Rule`] (one rule's
+/// statements) share.
+trait Cursor {
+    /// The tokens, each with its line.
+    fn toks(&self) -> &[(Tok, usize)];
+    /// The position of the next token.
+    fn pos_mut(&mut self) -> &mut usize;
+    /// The position of the next token.
+    fn pos(&self) -> usize;
+
+    fn peek(&self) -> Option<&Tok> {
+        self.toks().get(self.pos()).map(|(t, _)| t)
+    }
+
+    fn peek_word(&self) -> Option<&str> {
+        match self.peek() {
+            Some(Tok::Word(w)) => Some(w),
+            _ => None,
+        }
+    }
+
+    /// Steps over the next token when it is the word `w`.
+    fn eat(&mut self, w: &str) -> bool {
+        if self.peek_word() == Some(w) {
+            *self.pos_mut() += 1;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+impl Cursor for Parser {
+    fn toks(&self) -> &[(Tok, usize)] {
+        &self.toks
+    }
+    fn pos_mut(&mut self) -> &mut usize {
+        &mut self.pos
+    }
+    fn pos(&self) -> usize {
+        self.pos
+    }
+}
+
+impl Cursor for Rule<'_> {
+    fn toks(&self) -> &[(Tok, usize)] {
+        self.toks
+    }
+    fn pos_mut(&mut self) -> &mut usize {
+        &mut self.pos
+    }
+    fn pos(&self) -> usize {
+        self.pos
+    }
+}
+
 /// A rule's statements as tokens, parsed left to right.
 struct Rule<'a> {
     toks: &'a [(Tok, usize)],
@@ -320,17 +376,6 @@ struct Unknown;
 type R<T> = Result<T, Unknown>;
 
 impl Rule<'_> {
-    fn peek(&self) -> Option<&Tok> {
-        self.toks.get(self.pos).map(|(t, _)| t)
-    }
-
-    fn peek_word(&self) -> Option<&str> {
-        match self.peek() {
-            Some(Tok::Word(w)) => Some(w),
-            _ => None,
-        }
-    }
-
     fn peek_word_at(&self, k: usize) -> Option<&str> {
         match self.toks.get(self.pos + k).map(|(t, _)| t) {
             Some(Tok::Word(w)) => Some(w),
@@ -346,15 +391,6 @@ impl Rule<'_> {
                 Ok(w)
             }
             _ => Err(Unknown),
-        }
-    }
-
-    fn eat(&mut self, w: &str) -> bool {
-        if self.peek_word() == Some(w) {
-            self.pos += 1;
-            true
-        } else {
-            false
         }
     }
 
@@ -899,28 +935,8 @@ impl Parser {
             .map_or(0, |(_, l)| *l)
     }
 
-    fn peek(&self) -> Option<&Tok> {
-        self.toks.get(self.pos).map(|(t, _)| t)
-    }
-
-    fn peek_word(&self) -> Option<&str> {
-        match self.peek() {
-            Some(Tok::Word(w)) => Some(w),
-            _ => None,
-        }
-    }
-
     fn bump(&mut self) {
         self.pos += 1;
-    }
-
-    fn eat(&mut self, w: &str) -> bool {
-        if self.peek_word() == Some(w) {
-            self.bump();
-            true
-        } else {
-            false
-        }
     }
 
     fn eat_tok(&mut self, t: &Tok) -> bool {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use kp_model::{IpFamily, ObjectKind, Snapshot, SourceEvent};
+use kp_model::{IpFamily, Snapshot, SourceEvent};
 use kp_netfilter::{FakeIptables, IpVersion, Iptables, Table};
 use kp_testkit::builders::{ServiceBuilder, SliceBuilder};
 use kp_track::Tracker;
@@ -21,15 +21,7 @@ const FINE: SplitPolicy = SplitPolicy {
 };
 
 fn tracker() -> Tracker {
-    let mut t = Tracker::new(IpFamily::V4, "node-a");
-    for k in [
-        ObjectKind::Service,
-        ObjectKind::EndpointSlice,
-        ObjectKind::Node,
-    ] {
-        t.apply(SourceEvent::Synced(k));
-    }
-    t
+    kp_testkit::builders::synced_tracker(IpFamily::V4, "node-a")
 }
 
 /// Service `svc-i` (ClusterIP 10.96.0.i, port 80) with `eps` endpoints 10.1.i.(first..);
