@@ -6,6 +6,8 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use kp_testkit::Netns;
+
+use crate::sandbox::words::{PING_ANSWERED, PING_NO_ANSWER, PING_UNREACHABLE, with_detail};
 use nix::sys::socket::{
     AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, recvfrom, sendto,
     setsockopt, socket, sockopt::ReceiveTimeout,
@@ -26,9 +28,14 @@ pub enum Ping {
 impl std::fmt::Display for Ping {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Ping::Answered(d) => write!(f, "answered ({:.2} ms)", d.as_secs_f64() * 1e3),
-            Ping::Unreachable(from) => write!(f, "no answer ({from}: destination unreachable)"),
-            Ping::NoAnswer => write!(f, "no answer"),
+            Ping::Answered(d) => f.write_str(&with_detail(
+                PING_ANSWERED,
+                &format!("{:.2} ms", d.as_secs_f64() * 1e3),
+            )),
+            Ping::Unreachable(from) => {
+                f.write_str(&with_detail(PING_UNREACHABLE, &from.to_string()))
+            }
+            Ping::NoAnswer => f.write_str(PING_NO_ANSWER.word),
         }
     }
 }

@@ -49,6 +49,11 @@ use kp_track::Tracker;
 use crate::cli::{ProxyModeArg, SandboxArgs};
 use crate::ping::ping;
 
+mod unprobed;
+pub(crate) mod words;
+
+use unprobed::Unprobed;
+
 /// Time allowed for one request: short, so that Ctrl-C is honoured within about a second.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -264,7 +269,7 @@ impl Outcome {
                 *self.by_backend.entry(backend).or_default() += 1;
                 self.latencies.push(elapsed);
             }
-            Err(e) => *self.errors.entry(classify(e)).or_default() += 1,
+            Err(e) => *self.errors.entry(words::for_error(e)).or_default() += 1,
         }
         !self.gave_up()
     }
@@ -304,21 +309,6 @@ impl Outcome {
             .map(|p| format!("   p50 {}  p99 {}", ms(p.p50), ms(p.p99)))
             .unwrap_or_default();
         format!("{}{lat}", parts.join(", "))
-    }
-}
-
-fn classify(e: &ClientError) -> String {
-    match e {
-        ClientError::Refused => "refused".into(),
-        ClientError::Timeout => "timed out".into(),
-        ClientError::Unreachable => "unreachable".into(),
-        ClientError::Reset => "reset".into(),
-        // A datagram from the node itself that the node's own rules drop or reject (e.g. UDP
-        // to a Service without endpoints): `send` fails with EPERM, no ICMP involved.
-        ClientError::Other(e) if e.raw_os_error() == Some(nix::errno::Errno::EPERM as i32) => {
-            "blocked by the node's own rules (EPERM)".into()
-        }
-        ClientError::Other(e) => format!("failed ({e})"),
     }
 }
 
@@ -451,8 +441,17 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
         .and_then(|n| n.addresses.iter().copied().find(IpAddr::is_ipv4))
         .unwrap_or_else(|| IpAddr::from([192, 168, 56, 10]));
     let snap = snapshot_of(&set, &node_name);
+    let unprobed = unprobed::plan(set.services.values());
     if snap.services.is_empty() {
-        bail!("{} holds no IPv4 Service to proxy", manifest.display());
+        let why: Vec<String> = unprobed
+            .iter()
+            .filter_map(|(name, u)| u.whole.as_ref().map(|w| format!("\n  {name}: {w}")))
+            .collect();
+        bail!(
+            "{} holds no IPv4 Service to proxy{}",
+            manifest.display(),
+            why.concat()
+        );
     }
 
     // Backends: every endpoint IP, with the ports and protocols it serves.
@@ -535,6 +534,8 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
         serves: &serves,
         node_of: &node_of,
         service_cidr: plan_service_cidr,
+        client_ip,
+        unprobed: &unprobed,
         stop: &stop,
     };
     // Whatever happens in there (success, error, interrupt), everything is removed and the
@@ -630,6 +631,10 @@ struct Sandbox<'a> {
     serves: &'a BTreeMap<IpAddr, BTreeSet<(Protocol, u16)>>,
     node_of: &'a BTreeMap<String, String>,
     service_cidr: IpNet,
+    /// The client's address: the node's route to external and load-balancer IPs.
+    client_ip: IpAddr,
+    /// What of the manifests' Services is not probed, and why.
+    unprobed: &'a BTreeMap<kp_model::NamespacedName, Unprobed>,
     stop: &'a AtomicBool,
 }
 
@@ -716,14 +721,7 @@ impl Sandbox<'_> {
             started.elapsed().as_secs_f64(),
         );
         log.echo();
-        println!(
-            "report: per address, the backend that answered each request (ip:port, with the endpoint's nodeName) and the latency of connect+response;\n        \"refused\" is a REJECT (Service without endpoints), \"timed out\" a DROP or no route;\n        \"reset\" a connection the userspace proxy accepted and closed because no endpoint answered;\n        an address whose first {GIVE_UP_AFTER} requests all fail is not sent the rest;\n        \"ping\" is one ICMP echo from the client to the ClusterIP: in IPVS mode the ClusterIP is an\n        address of the node's kube-ipvs0 dummy link, so the node's kernel answers it; in the other\n        modes it is no interface's address (only NAT rules for the Service's ports),\n        so nothing answers{}\n",
-            if mode == ProxyModeArg::Ipvs {
-                ";\n        \"ipvs\" is the Service's virtual server (ipvsadm -Ln): scheduler, real servers and\n        weights, and whether kube-ipvs0 holds the ClusterIP"
-            } else {
-                ""
-            }
-        );
+        println!("{}", report_legend(mode));
         // Let the client reach external and load-balancer IPs through the node, as a router
         // in front of the node would.
         let mut extra_routes = BTreeSet::new();
@@ -735,17 +733,24 @@ impl Sandbox<'_> {
                     .copied(),
             );
         }
+        // The node routes them onward (to the client, its router here), as a node with a
+        // default route does: a packet that no rule takes (a client outside
+        // loadBalancerSourceRanges) then reaches the filter table's DROP, as in nftables mode,
+        // instead of the node's "no route" ICMP error.
         for ip in extra_routes {
             let dest = IpNet::new(ip, 32).context("route")?;
             if !self.service_cidr.contains(&ip) {
                 kp_testkit::netns::add_route(topology.client(), dest, self.node_ip)
                     .context("routing an external IP to the node")?;
+                kp_testkit::netns::add_route(node, dest, self.client_ip)
+                    .context("routing an external IP onward from the node")?;
             }
         }
 
         let n = args.requests as usize;
         let client = topology.client();
         let mut pinged = BTreeSet::new();
+        let mut named = BTreeSet::new();
         for svc in snap.services.values() {
             report_service(
                 svc,
@@ -766,6 +771,25 @@ impl Sandbox<'_> {
                     .with_context(|| format!("pinging {} from the client", svc.cluster_ip))?;
                 println!("  ping {}: {answer}", svc.cluster_ip);
             }
+            // The Service's addresses that are not probed, under its first port.
+            if named.insert(&svc.name.service)
+                && let Some(u) = self.unprobed.get(&svc.name.service)
+            {
+                for a in &u.addresses {
+                    println!("  {}", words::with_detail(words::NOT_PROBED, a));
+                }
+            }
+            println!();
+        }
+        // The Services that are not probed at all.
+        let mut whole = false;
+        for (name, u) in self.unprobed {
+            if let Some(why) = &u.whole {
+                println!("{name}  {}", words::with_detail(words::NOT_PROBED, why));
+                whole = true;
+            }
+        }
+        if whole {
             println!();
         }
         log.echo();
@@ -812,6 +836,30 @@ impl Sandbox<'_> {
         drop(servers_udp);
         Ok(())
     }
+}
+
+/// The legend printed before the report: what a line shows, then every word it may use
+/// ([`words::WORDS`]).
+fn report_legend(mode: ProxyModeArg) -> String {
+    let head = format!(
+        "report: per address, the backend that answered each request (ip:port, with the \
+         endpoint's nodeName) and the latency of connect+response; an address whose first \
+         {GIVE_UP_AFTER} requests all fail is not sent the rest. \"ping\" is one ICMP echo from \
+         the client to the ClusterIP.{} The words for what a request or a ping got:",
+        if mode == ProxyModeArg::Ipvs {
+            " \"ipvs\" is the Service's virtual server (ipvsadm -Ln): scheduler, real servers \
+             and weights, and whether kube-ipvs0 holds the ClusterIP."
+        } else {
+            ""
+        }
+    );
+    let mut out = textwrap::fill(
+        &head,
+        textwrap::Options::new(100).subsequent_indent("        "),
+    );
+    out.push('\n');
+    out.push_str(&words::legend("          "));
+    out
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -862,7 +910,13 @@ fn report_service(
             Protocol::Tcp => http_batch(ns, target, n, stop)?,
             Protocol::Udp => udp_batch(ns, target, n, stop)?,
             Protocol::Sctp => {
-                println!("  {label}: SCTP is not exercised by the sandbox");
+                println!(
+                    "  {label}  {}",
+                    words::with_detail(
+                        words::NOT_PROBED,
+                        "SCTP (the sandbox has no SCTP client or server)"
+                    )
+                );
                 continue;
             }
         };
@@ -988,17 +1042,6 @@ mod tests {
             "UDP 10.96.0.10:53 rr persistent 10800 -> no real servers"
         );
         assert_eq!(parse_virtual_server(""), None);
-    }
-
-    #[test]
-    fn outcomes_are_named() {
-        let eperm = std::io::Error::from_raw_os_error(nix::errno::Errno::EPERM as i32);
-        assert_eq!(
-            classify(&ClientError::Other(eperm)),
-            "blocked by the node's own rules (EPERM)"
-        );
-        assert_eq!(classify(&ClientError::Refused), "refused");
-        assert_eq!(classify(&ClientError::Timeout), "timed out");
     }
 
     #[test]

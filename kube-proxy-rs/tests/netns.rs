@@ -1447,6 +1447,145 @@ fn the_sandbox_reports_a_service_without_endpoints_as_refused_quickly() {
     assert!(sandbox_namespaces_left(out_pid(&stdout)).is_empty());
 }
 
+/// Services for the sandbox's words and its "not probed" lines: `guarded`, a LoadBalancer
+/// open to 203.0.113.0/24 only (the client, 192.168.56.100, is outside it) with a
+/// load-balancer IP outside the service CIDR, 192.0.2.50, and a second one with
+/// `ipMode: Proxy`; `dual`, dual-stack; `headless`; `alias`, an ExternalName.
+const SANDBOX_WORDS_SERVICES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: guarded, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.50
+  loadBalancerSourceRanges: [203.0.113.0/24]
+  ports: [{port: 80, targetPort: 80, nodePort: 30050, protocol: TCP}]
+status:
+  loadBalancer:
+    ingress: [{ip: 192.0.2.50}, {ip: 192.0.2.60, ipMode: Proxy}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: guarded-1
+  namespace: default
+  labels: {kubernetes.io/service-name: guarded}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.0.4]
+  nodeName: k8s-master
+ports: [{name: "", port: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: dual, namespace: default}
+spec:
+  ipFamilyPolicy: PreferDualStack
+  ipFamilies: [IPv4, IPv6]
+  clusterIP: 10.96.0.40
+  clusterIPs: [10.96.0.40, "fd00:10:96::40"]
+  ports: [{port: 80, targetPort: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: dual-1
+  namespace: default
+  labels: {kubernetes.io/service-name: dual}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.1.2]
+  nodeName: k8s-worker
+ports: [{name: "", port: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: headless, namespace: default}
+spec:
+  clusterIP: None
+  ports: [{port: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: alias, namespace: default}
+spec:
+  type: ExternalName
+  externalName: example.com
+"#;
+
+/// A client outside loadBalancerSourceRanges reads `timed out` (a DROP) on every request, in
+/// every mode alike: the node routes the load-balancer IP onward, as a node with a default
+/// route does, so iptables mode's filter DROP is reached instead of the node's "no route"
+/// ICMP error (which read `unreachable` on most requests before). The sandbox also names
+/// what it does not probe, with the reason, and prints its legend.
+fn the_sandbox_reports_a_client_outside_source_ranges_alike(mode: Mode) {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let manifest = write(
+        dir.path(),
+        "cluster.yaml",
+        &format!("{SEED_CLUSTER}\n---\n{SANDBOX_WORDS_SERVICES}"),
+    );
+    let mut args = vec!["sandbox".to_string(), "--manifests".to_string()];
+    args.push(manifest.to_str().unwrap().to_string());
+    args.extend(mode.flags().iter().map(|s| s.to_string()));
+    args.extend(["-n".to_string(), "20".to_string()]);
+    let out = Command::new(BIN).args(&args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let line = |needle: &str| {
+        stdout
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no line with {needle:?}:\n{stdout}"))
+            .to_string()
+    };
+    let lb = line("client -> 192.0.2.50:80 (load balancer)");
+    assert!(
+        lb.ends_with("(the first 10 all failed; the rest were not sent): timed out 10"),
+        "{lb}"
+    );
+    // The rest of the Service works: its ClusterIP from the client.
+    let vip = line("client -> 10.96.0.50:80");
+    assert!(vip.contains(" 20 requests: 10.0.0.4:80"), "{vip}");
+    assert!(
+        line("not probed: 192.0.2.60").contains("ipMode: Proxy"),
+        "{stdout}"
+    );
+    assert!(
+        line("not probed: fd00:10:96::40").contains("IPv6 ClusterIP of a dual-stack Service"),
+        "{stdout}"
+    );
+    assert!(line("client -> 10.96.0.40:80").contains(" 20 requests: 10.0.1.2:80"));
+    assert!(line("default/headless  not probed: headless").contains("clusterIP: None"));
+    assert!(line("default/alias  not probed: type ExternalName").contains("DNS alias"));
+    // The legend names the words.
+    assert!(line("  timed out: no answer within 1 s: a DROP rule").starts_with("          "));
+    assert!(line("  not probed: …: a Service or address the sandbox does not").starts_with("  "));
+    assert!(sandbox_namespaces_left(out_pid(&stdout)).is_empty());
+}
+
+#[test]
+fn the_sandbox_reports_a_client_outside_source_ranges_alike_iptables() {
+    the_sandbox_reports_a_client_outside_source_ranges_alike(Mode::Iptables);
+}
+
+#[test]
+fn the_sandbox_reports_a_client_outside_source_ranges_alike_nftables() {
+    the_sandbox_reports_a_client_outside_source_ranges_alike(Mode::Nftables);
+}
+
+#[test]
+fn the_sandbox_reports_a_client_outside_source_ranges_alike_userspace() {
+    the_sandbox_reports_a_client_outside_source_ranges_alike(Mode::Userspace);
+}
+
 /// The sandbox's pid, from the `kp<pid>x…` namespace names it printed.
 fn out_pid(stdout: &str) -> u32 {
     out_pid_hint(stdout)
