@@ -648,6 +648,10 @@ pub fn endpoint_slice_with_warnings(
         .enumerate()
         .map(|(i, ep)| endpoint_entry(warnings, i, ep, address_type))
         .collect::<Result<Vec<_>>>()?;
+    // Collecting through `Result` cannot size the Vec up front: it grows to the next power
+    // of two (16 entries for a slice of 10), and the source keeps it as long as the object.
+    let mut endpoints = endpoints;
+    endpoints.shrink_to_fit();
 
     let mut ports = Vec::new();
     for (i, p) in slice.ports.iter().flatten().enumerate() {

@@ -196,16 +196,23 @@ fn skipped_services() {
     external.service_type = ServiceType::ExternalName;
     external.cluster_ips.clear();
     let v6only = svc("six", "fd00::1", &[("", 80)]);
-    for s in [headless, external, v6only] {
-        t.apply(SourceEvent::ServiceUpsert(s));
+    for s in [headless.clone(), external, v6only] {
+        assert!(
+            !t.apply(SourceEvent::ServiceUpsert(s)),
+            "nothing to program, nothing kept"
+        );
     }
     let (snap, changes) = t.checkout();
-    assert_eq!(
-        changes.services.len(),
-        3,
-        "the tracker still reports the changes"
-    );
+    assert!(changes.services.is_empty());
+    assert!(snap.services.is_empty() && t.services.is_empty());
+    // A proxied Service that turns headless is a change: its rules go.
+    let proxied = svc("h", "10.96.0.1", &[("", 80)]);
+    assert!(t.apply(SourceEvent::ServiceUpsert(proxied)));
+    assert_eq!(t.checkout().0.services.len(), 1);
+    assert!(t.apply(SourceEvent::ServiceUpsert(headless.clone())));
+    let (snap, changes) = t.checkout();
     assert!(snap.services.is_empty());
+    assert!(changes.services.contains(&headless.name));
 }
 
 #[test]
@@ -683,4 +690,31 @@ fn a_tracker_keeps_only_slices_of_its_family() {
     assert_eq!(t.slices.values().map(Vec::len).sum::<usize>(), 1);
     // A delete of the foreign slice is a no-op.
     assert!(!t.apply(SourceEvent::SliceDelete(v4.name.clone())));
+}
+
+/// A tracker keeps only Services with a ClusterIP of its family: an IPv4-only Service is not
+/// held by the IPv6 tracker of a dual-stack node, and a Service that loses its IPv6 ClusterIP
+/// is removed from it (a change to sync).
+#[test]
+fn a_tracker_keeps_only_services_of_its_family() {
+    let mut t = Tracker::new(IpFamily::V6, "node-a");
+    let v4 = svc("web", "10.96.0.10", &[("", 80)]);
+    assert!(!t.apply(SourceEvent::ServiceUpsert(v4.clone())));
+    assert!(t.services.is_empty());
+    let mut dual = v4.clone();
+    dual.cluster_ips.push("fd00:10:96::10".parse().unwrap());
+    assert!(t.apply(SourceEvent::ServiceUpsert(dual)));
+    assert_eq!(t.services.len(), 1);
+    let (snap, _) = t.checkout();
+    assert_eq!(snap.services.len(), 1);
+    // Back to IPv4 only: gone from this family, and the change is synced.
+    assert!(t.apply(SourceEvent::ServiceUpsert(v4.clone())));
+    assert!(t.services.is_empty());
+    let (snap, changes) = t.checkout();
+    assert!(snap.services.is_empty());
+    assert!(changes.services.contains(&v4.name));
+    // The IPv4 tracker keeps it.
+    let mut t4 = Tracker::new(IpFamily::V4, "node-a");
+    assert!(t4.apply(SourceEvent::ServiceUpsert(v4)));
+    assert_eq!(t4.services.len(), 1);
 }
