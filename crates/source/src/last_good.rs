@@ -33,11 +33,21 @@
 //! - **The first load has no last good state** in memory: invalid objects are skipped, and
 //!   broken files contribute what they can, completed from their last good copy on disk when
 //!   the watcher has a state directory ([`crate::state_dir`]).
+//!
+//! The state holds a [`Digest`] of each applied object, not the object: keeping an object's
+//! last valid version means sending nothing for it, and the tracker holds the one copy. A
+//! merge returns the events that bring the tracker from the old state to the new one, with the
+//! loaded objects moved into them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use std::hash::Hash;
+
+use kp_model::{ObjectKind, SourceEvent};
+
+use crate::digest::Digest;
 use crate::manifests::{Loaded, ManifestError, ManifestSet, ObjectKey};
 
 /// Appended to the error of an invalid object whose last valid version is kept.
@@ -47,10 +57,14 @@ pub const KEEP_FILE: &str = "keeping every object this file defined at its last 
 /// Appended to the error of an unreadable path, when objects loaded from it are kept.
 pub const KEEP_PATH: &str = "keeping every object last loaded from it";
 
-/// The applied state of a watched path: the objects, and which file defined each of them.
+/// The digest of every applied object, by key.
+type Applied = BTreeMap<ObjectKey, Digest>;
+
+/// The applied state of a watched path: a digest of each object, and which file defined each
+/// of them.
 #[derive(Debug, Clone, Default)]
 pub struct LastGood {
-    set: ManifestSet,
+    applied: Applied,
     files: BTreeMap<PathBuf, BTreeSet<ObjectKey>>,
     /// Files that became empty (or lost every object they had) while still present, with
     /// when that was first seen: their objects are kept until the grace period ends.
@@ -107,38 +121,61 @@ impl std::fmt::Display for EmptiedNotice {
 }
 
 impl LastGood {
-    /// The state after a first load, which has nothing to keep: the objects that loaded, and
-    /// the errors unchanged.
-    pub fn first(loaded: Loaded) -> (LastGood, Vec<ManifestError>) {
+    /// The state after a first load, which has nothing to keep: the objects that loaded, the
+    /// errors unchanged, and the events a source sends first (an upsert of every object,
+    /// Services, then EndpointSlices, then Nodes, each by key; then [`SourceEvent::Synced`]
+    /// for each kind).
+    pub fn first(loaded: Loaded) -> (LastGood, Vec<ManifestError>, Vec<SourceEvent>) {
         let files = loaded
             .files
             .into_iter()
             .map(|(file, load)| (file, load.objects))
             .collect();
+        let (applied, mut events) = LastGood::default().events(loaded.set, Applied::new());
+        events.extend(
+            [
+                ObjectKind::Service,
+                ObjectKind::EndpointSlice,
+                ObjectKind::Node,
+            ]
+            .map(SourceEvent::Synced),
+        );
         let state = LastGood {
-            set: loaded.set,
+            applied,
             files,
             emptied: BTreeMap::new(),
         };
-        (state, loaded.errors)
+        (state, loaded.errors, events)
     }
 
-    /// The objects to program.
-    pub fn set(&self) -> &ManifestSet {
-        &self.set
+    /// Whether the object `key` is applied (loaded, or kept from an earlier load).
+    pub fn holds(&self, key: &ObjectKey) -> bool {
+        self.applied.contains_key(key)
     }
 
-    /// For every file, the objects of [`LastGood::set`] it defines (or is kept as defining).
+    /// How many objects are applied.
+    pub fn len(&self) -> usize {
+        self.applied.len()
+    }
+
+    /// Whether no object is applied.
+    pub fn is_empty(&self) -> bool {
+        self.applied.is_empty()
+    }
+
+    /// For every file, the objects it defines (or is kept as defining).
     pub fn files(&self) -> &BTreeMap<PathBuf, BTreeSet<ObjectKey>> {
         &self.files
     }
 
     /// The state after a reload: `loaded`, plus the last good version of what it could not
-    /// load (see the module documentation). Returns the new state and `loaded`'s errors, with
-    /// what was kept said at the end of the errors concerned.
-    pub fn merge(&self, loaded: Loaded) -> (LastGood, Vec<ManifestError>) {
-        let (state, errors, _) = self.merge_at(loaded, Instant::now(), Duration::ZERO);
-        (state, errors)
+    /// load (see the module documentation). Returns the new state, `loaded`'s errors, with
+    /// what was kept said at the end of the errors concerned, and the events from `self` to
+    /// the new state (an upsert for each new or changed object, a delete for each one gone;
+    /// Services, then EndpointSlices, then Nodes, each by key).
+    pub fn merge(&self, loaded: Loaded) -> (LastGood, Vec<ManifestError>, Vec<SourceEvent>) {
+        let (state, errors, _, events) = self.merge_at(loaded, Instant::now(), Duration::ZERO);
+        (state, errors, events)
     }
 
     /// [`LastGood::merge`], and a file that is still there but became empty or lost every
@@ -150,11 +187,17 @@ impl LastGood {
         loaded: Loaded,
         now: Instant,
         grace: Duration,
-    ) -> (LastGood, Vec<ManifestError>, Vec<EmptiedNotice>) {
+    ) -> (
+        LastGood,
+        Vec<ManifestError>,
+        Vec<EmptiedNotice>,
+        Vec<SourceEvent>,
+    ) {
         let mut notices = Vec::new();
         let mut emptied = BTreeMap::new();
+        let mut held = Applied::new();
         let Loaded {
-            mut set,
+            set,
             mut errors,
             files,
             unreadable,
@@ -166,7 +209,7 @@ impl LastGood {
             if let Some(position) = load.incomplete {
                 let mut kept = false;
                 for key in self.files.get(&file).into_iter().flatten() {
-                    if self.keep(&mut set, key) {
+                    if self.keep(&set, &mut held, key) {
                         owned.insert(key.clone());
                         kept = true;
                     }
@@ -176,7 +219,7 @@ impl LastGood {
                 }
             }
             for (key, position) in load.rejected {
-                if self.keep(&mut set, &key) {
+                if self.keep(&set, &mut held, &key) {
                     owned.insert(key);
                     note(&mut errors, position, KEEP_OBJECT);
                 }
@@ -188,11 +231,14 @@ impl LastGood {
             {
                 let since = self.emptied.get(&file).copied();
                 let started = since.unwrap_or(now);
-                let missing: Vec<&ObjectKey> = old.iter().filter(|k| !set.contains(k)).collect();
+                let missing: Vec<&ObjectKey> = old
+                    .iter()
+                    .filter(|k| !set.contains(k) && !held.contains_key(*k))
+                    .collect();
                 if now.saturating_duration_since(started) < grace {
                     if !missing.is_empty() {
                         for key in &missing {
-                            if self.keep(&mut set, key) {
+                            if self.keep(&set, &mut held, key) {
                                 owned.insert((*key).clone());
                             }
                         }
@@ -224,7 +270,7 @@ impl LastGood {
             };
             let owned: BTreeSet<ObjectKey> = keys
                 .iter()
-                .filter(|key| self.keep(&mut set, key))
+                .filter(|key| self.keep(&set, &mut held, key))
                 .cloned()
                 .collect();
             if !owned.is_empty() {
@@ -232,12 +278,13 @@ impl LastGood {
                 owners.insert(file.clone(), owned);
             }
         }
+        let (applied, events) = self.events(set, held);
         let state = LastGood {
-            set,
+            applied,
             files: owners,
             emptied,
         };
-        (state, errors, notices)
+        (state, errors, notices, events)
     }
 
     /// When the earliest grace period of an emptied file ends (`None`: no file is in one).
@@ -245,11 +292,71 @@ impl LastGood {
         self.emptied.values().min().map(|since| *since + grace)
     }
 
-    /// Puts the last good version of `key` into `set`, unless `set` already has a version of
-    /// it (from this load). Returns whether it did.
-    fn keep(&self, set: &mut ManifestSet, key: &ObjectKey) -> bool {
-        !set.contains(key) && set.copy_from(&self.set, key)
+    /// Keeps the last good version of `key` (its digest, into `kept`), unless `set` has a
+    /// version of it from this load or it is kept already. Returns whether it did.
+    fn keep(&self, set: &ManifestSet, kept: &mut Applied, key: &ObjectKey) -> bool {
+        if set.contains(key) || kept.contains_key(key) {
+            return false;
+        }
+        match self.applied.get(key) {
+            Some(digest) => {
+                kept.insert(key.clone(), *digest);
+                true
+            }
+            None => false,
+        }
     }
+
+    /// The applied state made of `set` and `kept`, and the events from `self` to it: the
+    /// objects of `set` that are new or changed, moved into upserts, and a delete for each
+    /// object of `self` in neither.
+    fn events(&self, set: ManifestSet, kept: Applied) -> (Applied, Vec<SourceEvent>) {
+        let mut applied = kept;
+        let mut events = Vec::new();
+        let ManifestSet {
+            services,
+            slices,
+            nodes,
+        } = set;
+        let mut kind = |objects: Vec<(ObjectKey, Digest, SourceEvent)>, of: ObjectKind| {
+            for (key, digest, upsert) in objects {
+                if self.applied.get(&key) != Some(&digest) {
+                    events.push(upsert);
+                }
+                applied.insert(key, digest);
+            }
+            for key in self.applied.keys().filter(|k| k.kind() == of) {
+                if !applied.contains_key(key) {
+                    events.push(key.delete_event());
+                }
+            }
+        };
+        kind(
+            digested(services, ObjectKey::Service, SourceEvent::ServiceUpsert),
+            ObjectKind::Service,
+        );
+        kind(
+            digested(slices, ObjectKey::EndpointSlice, SourceEvent::SliceUpsert),
+            ObjectKind::EndpointSlice,
+        );
+        kind(
+            digested(nodes, ObjectKey::Node, SourceEvent::NodeUpsert),
+            ObjectKind::Node,
+        );
+        (applied, events)
+    }
+}
+
+/// Each object of `objects` with its key, its digest and its upsert event (by key).
+fn digested<K, V: Hash>(
+    objects: BTreeMap<K, V>,
+    key: impl Fn(K) -> ObjectKey,
+    upsert: impl Fn(V) -> SourceEvent,
+) -> Vec<(ObjectKey, Digest, SourceEvent)> {
+    objects
+        .into_iter()
+        .map(|(k, v)| (key(k), Digest::of(&v), upsert(v)))
+        .collect()
 }
 
 /// Appends `; text` to the error at `position` (once).

@@ -24,6 +24,7 @@
 
 pub mod api;
 pub mod convert;
+pub mod digest;
 pub mod last_good;
 pub mod manifests;
 pub mod state_dir;

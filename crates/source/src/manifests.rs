@@ -217,6 +217,15 @@ impl ObjectKey {
             ObjectKey::Node(_) => ObjectKind::Node,
         }
     }
+
+    /// The event that deletes the object.
+    pub fn delete_event(&self) -> SourceEvent {
+        match self {
+            ObjectKey::Service(name) => SourceEvent::ServiceDelete(name.clone()),
+            ObjectKey::EndpointSlice(name) => SourceEvent::SliceDelete(name.clone()),
+            ObjectKey::Node(name) => SourceEvent::NodeDelete(name.clone()),
+        }
+    }
 }
 
 impl fmt::Display for ObjectKey {

@@ -110,12 +110,12 @@ impl WatchOptions {
 ///    through the directory that holds it).
 /// 2. Loads `path`, passes every error to `errors`, then sends the initial events
 ///    ([`kp_model::SourceEvent`] upserts, then `Synced` for each kind; see
-///    [`crate::manifests::ManifestSet::initial_events`]) as one batch — even when nothing
+///    [`crate::last_good::LastGood::first`]) as one batch — even when nothing
 ///    loaded, so the proxy can start. Invalid objects are skipped.
 /// 3. Watches (see the module documentation). After each burst of changes, and every
 ///    [`RESYNC_INTERVAL`], it reloads, merges the result with the last good state
 ///    ([`LastGood::merge`]), passes to `errors` the errors the previous reload did not have,
-///    and sends `old.diff(new)` ([`crate::manifests::ManifestSet::diff`]) as one batch when it
+///    and sends the difference ([`crate::last_good::LastGood::merge_at`]) as one batch when it
 ///    is not empty.
 ///
 /// Returns `Ok(())` once `tx` is closed. Uses the default [`WatchOptions`].
@@ -184,12 +184,12 @@ pub async fn watch_manifests_with(
         sd.restore(&mut loaded);
     }
     let mut warned = log_warnings(std::mem::take(&mut loaded.warnings), &HashSet::new());
-    let (mut state, errs) = LastGood::first(loaded);
+    let (mut state, errs, initial) = LastGood::first(loaded);
     for e in &errs {
         errors(e);
     }
     let mut reported: HashSet<ManifestError> = errs.into_iter().collect();
-    if tx.send(state.set().initial_events()).await.is_err() {
+    if tx.send(initial).await.is_err() {
         return Ok(());
     }
 
@@ -226,7 +226,8 @@ pub async fn watch_manifests_with(
         if let Some(sd) = &opts.state_dir {
             sd.save_good(&loaded);
         }
-        let (next, errs, notices) = state.merge_at(loaded, Instant::now().into_std(), opts.grace);
+        let (next, errs, notices, events) =
+            state.merge_at(loaded, Instant::now().into_std(), opts.grace);
         for n in &notices {
             warn!("{n}");
         }
@@ -237,7 +238,6 @@ pub async fn watch_manifests_with(
             errors(e);
         }
         reported = fresh;
-        let events = state.set().diff(next.set());
         state = next;
         if events.is_empty() {
             continue;

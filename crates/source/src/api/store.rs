@@ -4,38 +4,18 @@
 //! Pure and synchronous; [`super::ApiSource::run`] feeds it the watcher's events.
 //!
 //! The store remembers what it delivered by [`Digest`] only, not the objects: the tracker
-//! holds the one copy of each object, and at 10,000 Services x 10 endpoints a second copy here
-//! would be ~20 MiB of the daemon's memory. A digest is 128 bits of SipHash over the
-//! converted object, so a changed object whose digest stays the same (and is therefore not
-//! sent) is a 2^-128 event.
+//! holds the one copy of each object (see [`crate::digest`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::hash::Hash;
 
 use kp_model::{EndpointSlice, Escaped, Node, ObjectKind, Service, SourceEvent};
 
 use super::ApiObjectError;
 use crate::SourceError;
 use crate::convert::ConvertWarning;
+use crate::digest::Digest;
 use crate::manifests::ObjectKey;
-
-/// What the store keeps of a delivered object: two 64-bit SipHash-1-3 digests of it (with
-/// different prefixes), equal for equal objects within one process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Digest(u64, u64);
-
-impl Digest {
-    /// The digest of `object`.
-    pub(crate) fn of<M: Hash>(object: &M) -> Digest {
-        let half = |prefix: u8| {
-            let mut h = DefaultHasher::new();
-            prefix.hash(&mut h);
-            object.hash(&mut h);
-            h.finish()
-        };
-        Digest(half(0), half(1))
-    }
-}
 
 /// A converted object type the store can deliver.
 pub(crate) trait Model: Hash {
@@ -66,15 +46,6 @@ impl Model for Node {
 fn log_warnings(key: &ObjectKey, warnings: &[ConvertWarning]) {
     for w in warnings {
         tracing::warn!("{key}: {}", Escaped(&w.to_string()));
-    }
-}
-
-/// The delete event for `key`.
-fn delete_event(key: &ObjectKey) -> SourceEvent {
-    match key {
-        ObjectKey::Service(name) => SourceEvent::ServiceDelete(name.clone()),
-        ObjectKey::EndpointSlice(name) => SourceEvent::SliceDelete(name.clone()),
-        ObjectKey::Node(name) => SourceEvent::NodeDelete(name.clone()),
     }
 }
 
@@ -164,7 +135,7 @@ impl<M: Model> Store<M> {
     pub(crate) fn delete(&mut self, key: &ObjectKey) -> Vec<SourceEvent> {
         self.reported.remove(key);
         match self.delivered.remove(key) {
-            Some(_) => vec![delete_event(key)],
+            Some(_) => vec![key.delete_event()],
             None => Vec::new(),
         }
     }
@@ -224,7 +195,7 @@ impl<M: Model> Store<M> {
         let mut events: Vec<SourceEvent> = sends.into_iter().map(Model::upsert).collect();
         for key in self.delivered.keys() {
             if !next.contains_key(key) {
-                events.push(delete_event(key));
+                events.push(key.delete_event());
             }
         }
         // Errors of objects that are gone may be reported again if they come back.

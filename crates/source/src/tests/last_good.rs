@@ -29,8 +29,7 @@ fn write(path: &Path, text: &str) {
 
 /// Reloads `path` into `state`; returns the events and the errors as text.
 fn reload(state: &mut LastGood, path: &Path) -> (Vec<SourceEvent>, Vec<String>) {
-    let (next, errors) = state.merge(load_path_detailed(path));
-    let events = state.set().diff(next.set());
+    let (next, errors, events) = state.merge(load_path_detailed(path));
     *state = next;
     (
         events,
@@ -39,7 +38,7 @@ fn reload(state: &mut LastGood, path: &Path) -> (Vec<SourceEvent>, Vec<String>) 
 }
 
 fn first(path: &Path) -> (LastGood, Vec<String>) {
-    let (state, errors) = LastGood::first(load_path_detailed(path));
+    let (state, errors, _) = LastGood::first(load_path_detailed(path));
     (state, errors.iter().map(ManifestError::to_string).collect())
 }
 
@@ -72,10 +71,8 @@ fn invalid_object_keeps_its_last_valid_version() {
             file.display()
         )]
     );
-    assert_eq!(
-        state.set().services[&nn("default", "web")].cluster_ips[0].to_string(),
-        "10.96.0.10"
-    );
+    // Kept: still applied, and nothing was sent for it (the tracker keeps 10.96.0.10).
+    assert!(state.holds(&ObjectKey::Service(nn("default", "web"))));
     assert!(state.files()[&file].contains(&ObjectKey::Service(nn("default", "web"))));
 
     // A field of the wrong type is the same.
@@ -129,8 +126,8 @@ fn first_load_skips_invalid_objects() {
         &format!("{}---\n{}", svc("web", "10.96.0.300"), slice("10.0.0.1")),
     );
     let (state, errors) = first(&file);
-    assert!(state.set().services.is_empty());
-    assert_eq!(state.set().slices.len(), 1);
+    assert!(!state.holds(&ObjectKey::Service(nn("default", "web"))));
+    assert_eq!(state.len(), 1, "the slice");
     assert_eq!(errors.len(), 1);
     assert!(
         errors[0].ends_with("is not a valid IP address"),
@@ -178,7 +175,7 @@ fn broken_file_keeps_everything_it_defined() {
         matches!(&events[0], SourceEvent::ServiceUpsert(s) if s.name == nn("default", "added"))
     );
     assert!(matches!(&events[1], SourceEvent::ServiceUpsert(s) if s.name == nn("default", "web")));
-    assert!(state.set().slices.contains_key(&nn("default", "web-abc")));
+    assert!(state.holds(&ObjectKey::EndpointSlice(nn("default", "web-abc"))));
 
     // An object that cannot be identified (no name) also makes the file incomplete.
     write(&a, "apiVersion: v1\nkind: Service\nmetadata: {}\n");
@@ -268,8 +265,9 @@ fn unreadable_subdirectory_keeps_its_files() {
     });
     loaded.unreadable.push((sub.clone(), 0));
 
-    let (next, errors) = state.merge(loaded);
-    assert!(state.set().diff(next.set()).is_empty());
+    let (next, errors, events) = state.merge(loaded);
+    assert!(events.is_empty(), "{events:#?}");
+    assert_eq!(next.len(), state.len());
     assert_eq!(
         errors[0].to_string(),
         format!(
@@ -323,9 +321,9 @@ fn an_emptied_file_keeps_its_objects_for_the_grace_period() {
 
     // Truncated (a rewrite in place begins): both objects stay, one notice.
     write(&a, "");
-    let (s1, errors, notices) = state.merge_at(load_path_detailed(dir.path()), t0, grace);
+    let (s1, errors, notices, events) = state.merge_at(load_path_detailed(dir.path()), t0, grace);
     assert!(errors.is_empty(), "{errors:?}");
-    assert!(state.set().diff(s1.set()).is_empty(), "nothing removed yet");
+    assert!(events.is_empty(), "nothing removed yet");
     assert_eq!(
         notices,
         [EmptiedNotice::Kept {
@@ -342,12 +340,12 @@ fn an_emptied_file_keeps_its_objects_for_the_grace_period() {
     assert_eq!(s1.grace_deadline(grace), Some(t0 + grace));
 
     // Still empty 5 s later: still kept, no second notice.
-    let (s2, _, notices) = s1.merge_at(
+    let (s2, _, notices, events) = s1.merge_at(
         load_path_detailed(dir.path()),
         t0 + Duration::from_secs(5),
         grace,
     );
-    assert!(state.set().diff(s2.set()).is_empty());
+    assert!(events.is_empty());
     assert!(notices.is_empty(), "{notices:?}");
 
     // The rewrite completes: the file's objects are read normally (an endpoint changed).
@@ -355,21 +353,24 @@ fn an_emptied_file_keeps_its_objects_for_the_grace_period() {
         &a,
         &format!("{}---\n{}", svc("web", "10.96.0.10"), slice("10.0.0.2")),
     );
-    let (s3, _, notices) = s2.merge_at(
+    let (s3, _, notices, events) = s2.merge_at(
         load_path_detailed(dir.path()),
         t0 + Duration::from_secs(6),
         grace,
     );
     assert!(notices.is_empty());
     assert_eq!(s3.grace_deadline(grace), None);
-    assert_eq!(s2.set().diff(s3.set()).len(), 1, "only the slice changed");
+    assert!(
+        matches!(&events[..], [SourceEvent::SliceUpsert(_)]),
+        "only the slice changed: {events:#?}"
+    );
 
     // Emptied for good (`: > a.yaml`): kept for the grace period, then removed, with a notice.
     write(&a, "");
     let t1 = t0 + Duration::from_secs(20);
-    let (s4, _, _) = s3.merge_at(load_path_detailed(dir.path()), t1, grace);
-    assert!(s3.set().diff(s4.set()).is_empty());
-    let (s5, _, notices) = s4.merge_at(load_path_detailed(dir.path()), t1 + grace, grace);
+    let (s4, _, _, events) = s3.merge_at(load_path_detailed(dir.path()), t1, grace);
+    assert!(events.is_empty());
+    let (s5, _, notices, events) = s4.merge_at(load_path_detailed(dir.path()), t1 + grace, grace);
     assert_eq!(
         notices,
         [EmptiedNotice::Removed {
@@ -378,21 +379,19 @@ fn an_emptied_file_keeps_its_objects_for_the_grace_period() {
         }]
     );
     assert_eq!(
-        s4.set().diff(s5.set()).len(),
-        2,
+        events,
+        [
+            SourceEvent::ServiceDelete(nn("default", "web")),
+            SourceEvent::SliceDelete(nn("default", "web-abc"))
+        ],
         "the Service and its slice go"
     );
-    assert!(
-        s5.set()
-            .contains(&ObjectKey::Service(nn("default", "other")))
-    );
+    assert!(s5.holds(&ObjectKey::Service(nn("default", "other"))));
 
     // Deleting a file removes its objects at once, grace or not.
     std::fs::remove_file(&b).expect("remove");
-    let (s6, _, notices) = s5.merge_at(load_path_detailed(dir.path()), t1 + grace, grace);
+    let (s6, _, notices, events) = s5.merge_at(load_path_detailed(dir.path()), t1 + grace, grace);
     assert!(notices.is_empty());
-    assert!(
-        !s6.set()
-            .contains(&ObjectKey::Service(nn("default", "other")))
-    );
+    assert!(!s6.holds(&ObjectKey::Service(nn("default", "other"))));
+    assert_eq!(events, [SourceEvent::ServiceDelete(nn("default", "other"))]);
 }
