@@ -155,7 +155,21 @@ fn run(backend: Backend) {
     }
     let (mut p, rec) = proxier(topology.node(), backend);
     let (snap, changes) = t.checkout();
-    assert!(p.sync(&snap, &changes).unwrap().full);
+    // The xtables lock is shared with every other legacy iptables run on the machine (other
+    // tests, other namespaces): a first sync that loses it for the 5 s of `--wait` is retried,
+    // as the daemon would (a failed sync is retried in full).
+    let mut attempt = 0;
+    let report = loop {
+        match p.sync(&snap, &changes) {
+            Ok(r) => break r,
+            Err(e) if attempt < 2 => {
+                eprintln!("{backend:?}: first sync failed, retrying: {e}");
+                attempt += 1;
+            }
+            Err(e) => panic!("{backend:?}: first sync failed three times: {e}"),
+        }
+    };
+    assert!(report.full);
 
     // The kernel prints every dispatch rule back exactly as it was written.
     let saved = tables(&p);
