@@ -215,6 +215,15 @@ pub enum IptablesBackendArg {
     Legacy,
 }
 
+/// `--iptables-dispatch`: how nat `KUBE-SERVICES` finds a Service's chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum IptablesDispatchArg {
+    /// Upstream's layout: one rule per Service address and port, walked in order.
+    Upstream,
+    /// A balanced tree of `KUBE-SVT-` chains keyed on the destination address (and port).
+    Tree,
+}
+
 /// Flags of the proxy itself, named as upstream kube-proxy names them.
 #[derive(Debug, Args)]
 pub struct ProxyArgs {
@@ -342,6 +351,16 @@ pub struct ProxyArgs {
     /// which is as fast or faster and keeps counters. See docs/benchmarks.md. Off by default.
     #[arg(long)]
     pub iptables_zero_counters_on_full_sync: bool,
+
+    /// iptables mode: how nat KUBE-SERVICES dispatches to the per-Service chains. `upstream`
+    /// (the default) writes upstream's rules byte for byte: one rule per Service address and
+    /// port, which every new connection walks in order. `tree` spreads those rules over a
+    /// balanced tree of `KUBE-SVT-` chains keyed on the destination address (and port where
+    /// addresses repeat): a new connection crosses O(log n) rules, and a one-Service change
+    /// rewrites only the chains on its path. The per-Service chains are the same in both.
+    /// No config-file field (upstream has none). See docs/iptables.md.
+    #[arg(long, value_enum, default_value = "upstream")]
+    pub iptables_dispatch: IptablesDispatchArg,
 
     /// Remove everything the proxy created in every mode (iptables chains of both backends,
     /// the nftables tables `ip kube-proxy` / `ip6 kube-proxy`, IPVS virtual servers, ipsets

@@ -19,7 +19,9 @@ use kp_track::Tracker;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use crate::cli::{DetectLocalModeArg, IptablesBackendArg, ProxyArgs, ProxyModeArg};
+use crate::cli::{
+    DetectLocalModeArg, IptablesBackendArg, IptablesDispatchArg, ProxyArgs, ProxyModeArg,
+};
 
 /// The node name: `--hostname-override`, else the host name, lower-cased and trimmed (as
 /// upstream's `GetHostname`).
@@ -167,6 +169,13 @@ fn backend(arg: IptablesBackendArg) -> Backend {
         IptablesBackendArg::Auto => Backend::Default,
         IptablesBackendArg::Nft => Backend::Nft,
         IptablesBackendArg::Legacy => Backend::Legacy,
+    }
+}
+
+fn iptables_dispatch(arg: IptablesDispatchArg) -> kp_proxier::iptables::tree::Dispatch {
+    match arg {
+        IptablesDispatchArg::Upstream => kp_proxier::iptables::tree::Dispatch::Upstream,
+        IptablesDispatchArg::Tree => kp_proxier::iptables::tree::Dispatch::tree(),
     }
 }
 
@@ -788,7 +797,8 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 (false, true) => {
                     let ipt = PrintingIptables::on_this_node(version, backend, sink);
                     let mut proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?
-                        .with_zero_counters_on_full_sync(args.iptables_zero_counters_on_full_sync);
+                        .with_zero_counters_on_full_sync(args.iptables_zero_counters_on_full_sync)
+                        .with_dispatch(iptables_dispatch(args.iptables_dispatch));
                     if let Some(n) = crate::nfacct::proxier_handle(true, family) {
                         proxier = proxier.with_nfacct(n);
                     }
@@ -798,7 +808,8 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 (false, false) => {
                     let ipt = ExecIptables::new(version, backend);
                     let mut proxier = IptablesProxier::new(family, ipt_cfg.clone(), ipt, host)?
-                        .with_zero_counters_on_full_sync(args.iptables_zero_counters_on_full_sync);
+                        .with_zero_counters_on_full_sync(args.iptables_zero_counters_on_full_sync)
+                        .with_dispatch(iptables_dispatch(args.iptables_dispatch));
                     if let Some(ct) = conntrack() {
                         proxier = proxier.with_conntrack(ct);
                     }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use kp_model::{Changes, IpFamily};
 use kp_netfilter::{FakeIptables, IpVersion, Iptables, parse_save};
+use kp_proxier::iptables::tree::Dispatch;
 use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
 use kp_proxier::{FakeHost, Host, LocalDetector, NodePortAddresses, Proxier};
 use kp_testkit::builders::snapshot_with_node;
@@ -47,6 +48,15 @@ fn iptables_config(s: &Settings) -> IptablesConfig {
 /// The rules iptables mode writes for `scn` in `family`, read back as the kernel would print
 /// them, and whether it enabled `route_localnet`.
 fn rules(scn: &Scenario, family: IpFamily) -> (kp_netfilter::Ruleset, bool) {
+    rules_with(scn, family, Dispatch::Upstream)
+}
+
+/// [`rules`] with `KUBE-SERVICES` dispatching as `dispatch` says.
+fn rules_with(
+    scn: &Scenario,
+    family: IpFamily,
+    dispatch: Dispatch,
+) -> (kp_netfilter::Ruleset, bool) {
     let snap = snapshot_with_node(
         family,
         NODE,
@@ -65,7 +75,8 @@ fn rules(scn: &Scenario, family: IpFamily) -> (kp_netfilter::Ruleset, bool) {
         FakeIptables::new(version),
         host.clone(),
     )
-    .unwrap();
+    .unwrap()
+    .with_dispatch(dispatch);
     proxier.sync(&snap, &Changes::default()).unwrap();
     let saved = proxier.runner().save(None).unwrap();
     let route_localnet = host
@@ -202,7 +213,16 @@ impl Rules {
 
 /// Runs every row of every scenario against `rules_for(scenario, family)`; `mode` picks the
 /// rows' documented exceptions.
-fn run_table(mode: &str, mut rules_for: impl FnMut(&Scenario, IpFamily) -> (Rules, bool)) {
+fn run_table(mode: &str, rules_for: impl FnMut(&Scenario, IpFamily) -> (Rules, bool)) {
+    run_table_as(mode, mode, rules_for);
+}
+
+/// [`run_table`], reported as `label` (a layout of `mode` that expects the same results).
+fn run_table_as(
+    label: &str,
+    mode: &str,
+    mut rules_for: impl FnMut(&Scenario, IpFamily) -> (Rules, bool),
+) {
     let mut failures = Vec::new();
     let mut passed = 0;
     for scn in scenarios() {
@@ -256,7 +276,7 @@ fn run_table(mode: &str, mut rules_for: impl FnMut(&Scenario, IpFamily) -> (Rule
         }
     }
     eprintln!(
-        "conformance ({mode}): {passed} rows passed, {} failed",
+        "conformance ({label}): {passed} rows passed, {} failed",
         failures.len()
     );
     assert!(
@@ -273,6 +293,30 @@ fn conformance_table_iptables_mode() {
         let (rules, route_localnet) = rules(scn, family);
         (Rules::Iptables(rules), route_localnet)
     });
+}
+
+/// iptables mode with `--iptables-dispatch tree`, with leaves of one and of two entries so
+/// that every scenario's few Services get a real tree (with the default 16 they would stay
+/// in `KUBE-SERVICES`): the same rows, the same expectations as upstream's layout.
+#[test]
+fn conformance_table_iptables_tree_layout() {
+    for leaf_rules in [1, 2] {
+        let mut trees = 0;
+        run_table_as(
+            &format!("iptables, tree layout, leaves of {leaf_rules}"),
+            "iptables",
+            |scn, family| {
+                let (rules, route_localnet) =
+                    rules_with(scn, family, Dispatch::Tree { leaf_rules });
+                if rules.to_string().contains(":KUBE-SVT-") {
+                    trees += 1;
+                }
+                (Rules::Iptables(rules), route_localnet)
+            },
+        );
+        // Most scenarios have one or two Services; those with more get a tree.
+        assert!(trees >= 3, "only {trees} rulesets had a tree");
+    }
 }
 
 /// nftables mode: the rules are loaded into a network namespace with the real `nft`, and

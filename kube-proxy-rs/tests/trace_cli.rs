@@ -1993,3 +1993,75 @@ fn traces_live_userspace_rules_in_a_namespace() {
     assert!(ok, "{err}");
     assert!(out.contains("connects to 10.0.2.5:80  proxied"), "{out}");
 }
+
+/// `n` Services `svc-<i>` (ClusterIP 10.96.<i/200>.<i%200+1>, port 80 -> 8080) with one
+/// endpoint each (10.0.<i/200>.<i%200+1>) on another node, as manifest YAML.
+fn many_services(n: usize) -> String {
+    let mut out = String::new();
+    for i in 0..n {
+        let (a, b) = (i / 200, i % 200 + 1);
+        out.push_str(&format!(
+            "apiVersion: v1\nkind: Service\nmetadata:\n  name: svc-{i}\n  namespace: default\n\
+             spec:\n  clusterIP: 10.96.{a}.{b}\n  ports:\n  - port: 80\n    protocol: TCP\n    targetPort: 8080\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc-{i}-x\n  namespace: default\n\
+             \x20 labels:\n    kubernetes.io/service-name: svc-{i}\naddressType: IPv4\nendpoints:\n- addresses:\n  - 10.0.{a}.{b}\n\
+             \x20 conditions:\n    ready: true\n  nodeName: k8s-worker\nports:\n- port: 8080\n  protocol: TCP\n---\n"
+        ));
+    }
+    out
+}
+
+/// `--iptables-dispatch tree` on a dry run: the tracer walks the tree and shows the descent
+/// as one line, then the entry and the per-Service chains as in upstream's layout.
+#[test]
+fn traces_a_tree_layout_dry_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifests = dir.path().join("manifests");
+    std::fs::create_dir(&manifests).unwrap();
+    std::fs::write(manifests.join("cluster.yaml"), many_services(300)).unwrap();
+    let m = manifests.to_str().unwrap();
+    let upstream = dry_run(m, &["--cluster-cidr=10.0.0.0/16"]);
+    assert!(!upstream.contains("KUBE-SVT-"));
+    let tree = dry_run(
+        m,
+        &["--cluster-cidr=10.0.0.0/16", "--iptables-dispatch=tree"],
+    );
+    assert!(tree.contains(":KUBE-SVT-"), "{tree}");
+    let file = dir.path().join("tree.txt");
+    std::fs::write(&file, &tree).unwrap();
+    for (svc, dst, ep) in [
+        ("svc-0", "10.96.0.1", "10.0.0.1:8080"),
+        ("svc-242", "10.96.1.43", "10.0.1.43:8080"),
+    ] {
+        let out = traced(
+            &file,
+            &format!("--from pod --src 10.0.9.9 --dst {dst} --dport 80"),
+        );
+        assert!(out.contains(&format!("DNAT {ep}")), "{svc}: {out}");
+        let descent: Vec<&str> = out
+            .lines()
+            .filter(|l| l.contains("dispatch tree,"))
+            .collect();
+        assert_eq!(descent.len(), 1, "{svc}: one line for the descent:\n{out}");
+        assert!(
+            descent[0].starts_with("nat KUBE-SERVICES  dispatch tree, ")
+                && descent[0].contains(" -> KUBE-SVT-"),
+            "{svc}: {out}"
+        );
+        // The entry, upstream's rule in its leaf chain, and upstream's per-Service chains.
+        assert!(
+            out.lines().any(|l| l.starts_with("nat KUBE-SVT-")
+                && l.contains(&format!("-d {dst}/32 -p tcp"))
+                && l.contains("-j KUBE-SVC-")),
+            "{svc}: {out}"
+        );
+        assert!(out.contains("KUBE-SEP-"), "{svc}: {out}");
+        assert!(out.lines().count() < 25, "{svc}: compact:\n{out}");
+    }
+    // A ClusterIP nobody has: through part of the tree, back to KUBE-SERVICES, no DNAT.
+    let out = traced(
+        &file,
+        "--from pod --src 10.0.9.9 --dst 10.96.0.250 --dport 80",
+    );
+    assert!(out.contains("no DNAT"), "{out}");
+}

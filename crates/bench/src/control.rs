@@ -233,8 +233,13 @@ pub(crate) fn proxier_with_relay_in(
             return Ok((Box::new(p), Some(threads)));
         }
         Mode::Direct => anyhow::bail!("the direct baseline has no proxier"),
-        Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesNftOne | Mode::IptablesNftZero => {
-            let backend = if mode == Mode::IptablesLegacy {
+        Mode::IptablesLegacy
+        | Mode::IptablesNft
+        | Mode::IptablesNftOne
+        | Mode::IptablesNftZero
+        | Mode::IptablesLegacyTree
+        | Mode::IptablesNftTree => {
+            let backend = if mode.is_iptables_legacy() {
                 Backend::Legacy
             } else {
                 Backend::Nft
@@ -252,8 +257,11 @@ pub(crate) fn proxier_with_relay_in(
                     host,
                 )?
                 .with_zero_counters_on_full_sync(mode == Mode::IptablesNftZero)
+                .with_dispatch(mode.dispatch())
                 .with_split_full_syncs(match mode {
-                    Mode::IptablesNft => Some(kp_proxier::iptables::reconcile::split::NFT_SPLIT),
+                    Mode::IptablesNft | Mode::IptablesNftTree => {
+                        Some(kp_proxier::iptables::reconcile::split::NFT_SPLIT)
+                    }
                     _ => None,
                 }),
             )
@@ -395,8 +403,13 @@ pub(crate) fn tool_in(
 /// The floor command of a mode: the kernel tool that loads a payload.
 pub fn floor_argv(mode: Mode) -> Vec<&'static str> {
     match mode {
-        Mode::IptablesLegacy => vec!["iptables-legacy-restore", "--noflush", "--counters"],
-        Mode::IptablesNft | Mode::IptablesNftOne | Mode::IptablesNftZero => {
+        Mode::IptablesLegacy | Mode::IptablesLegacyTree => {
+            vec!["iptables-legacy-restore", "--noflush", "--counters"]
+        }
+        Mode::IptablesNft
+        | Mode::IptablesNftOne
+        | Mode::IptablesNftZero
+        | Mode::IptablesNftTree => {
             vec!["iptables-nft-restore", "--noflush", "--counters"]
         }
         Mode::Nftables => vec!["nft", "-f", "-"],
@@ -549,7 +562,7 @@ pub fn control_point(
             let (t, _) = tool_in(&ns, &["ipvsadm", "-S", "-n"], b"", timeout);
             saves.push(t);
         } else if mode.is_iptables() {
-            let save = if mode == Mode::IptablesLegacy {
+            let save = if mode.is_iptables_legacy() {
                 "iptables-legacy-save"
             } else {
                 "iptables-nft-save"

@@ -65,6 +65,13 @@ pub enum Mode {
     /// iptables mode, `iptables-nft-restore`, full syncs starting with `-Z`
     /// ([`kp_proxier::iptables::IptablesProxier::with_zero_counters_on_full_sync`]).
     IptablesNftZero,
+    /// iptables mode, `iptables-legacy-restore`, with `--iptables-dispatch tree`
+    /// ([`kp_proxier::iptables::tree`]): `KUBE-SERVICES` dispatches through a tree of
+    /// `KUBE-SVT-` chains.
+    IptablesLegacyTree,
+    /// iptables mode, `iptables-nft-restore` (split full syncs, as [`Mode::IptablesNft`]),
+    /// with `--iptables-dispatch tree`.
+    IptablesNftTree,
     /// nftables mode, `nft -f`.
     Nftables,
     /// IPVS mode: virtual servers over generic netlink, kube-ipvs0 addresses over rtnetlink,
@@ -83,11 +90,13 @@ pub enum Mode {
 
 impl Mode {
     /// Every mode, in report order (the [`Mode::Direct`] baseline last).
-    pub const ALL: [Mode; 8] = [
+    pub const ALL: [Mode; 10] = [
         Mode::IptablesLegacy,
         Mode::IptablesNft,
         Mode::IptablesNftOne,
         Mode::IptablesNftZero,
+        Mode::IptablesLegacyTree,
+        Mode::IptablesNftTree,
         Mode::Nftables,
         Mode::Ipvs,
         Mode::Userspace,
@@ -98,10 +107,12 @@ impl Mode {
     /// [`Mode::Direct`] baseline: the default of `kp-bench all` on a host without IPVS.
     /// [`Mode::IptablesNftOne`] is left out (it takes minutes from 2,000 Services on); select
     /// it with `--modes`.
-    pub const HOST: [Mode; 6] = [
+    pub const HOST: [Mode; 8] = [
         Mode::IptablesLegacy,
         Mode::IptablesNft,
         Mode::IptablesNftZero,
+        Mode::IptablesLegacyTree,
+        Mode::IptablesNftTree,
         Mode::Nftables,
         Mode::Userspace,
         Mode::Direct,
@@ -111,13 +122,15 @@ impl Mode {
     pub const VM: [Mode; 3] = [Mode::IptablesLegacy, Mode::Nftables, Mode::Ipvs];
 
     /// `iptables-legacy`, `iptables-nft`, `iptables-nft-one`, `iptables-nft-zero`,
-    /// `nftables`, `ipvs`, `userspace`, `direct`.
+    /// `iptables-legacy-tree`, `iptables-nft-tree`, `nftables`, `ipvs`, `userspace`, `direct`.
     pub fn label(self) -> &'static str {
         match self {
             Mode::IptablesLegacy => "iptables-legacy",
             Mode::IptablesNft => "iptables-nft",
             Mode::IptablesNftOne => "iptables-nft-one",
             Mode::IptablesNftZero => "iptables-nft-zero",
+            Mode::IptablesLegacyTree => "iptables-legacy-tree",
+            Mode::IptablesNftTree => "iptables-nft-tree",
             Mode::Nftables => "nftables",
             Mode::Ipvs => "ipvs",
             Mode::Userspace => "userspace",
@@ -135,8 +148,32 @@ impl Mode {
     pub fn is_iptables(self) -> bool {
         matches!(
             self,
-            Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesNftOne | Mode::IptablesNftZero
+            Mode::IptablesLegacy
+                | Mode::IptablesNft
+                | Mode::IptablesNftOne
+                | Mode::IptablesNftZero
+                | Mode::IptablesLegacyTree
+                | Mode::IptablesNftTree
         )
+    }
+
+    /// Whether this is iptables mode on the legacy backend (`iptables-legacy-restore`).
+    pub fn is_iptables_legacy(self) -> bool {
+        matches!(self, Mode::IptablesLegacy | Mode::IptablesLegacyTree)
+    }
+
+    /// Whether this is iptables mode with `--iptables-dispatch tree`.
+    pub fn is_tree(self) -> bool {
+        matches!(self, Mode::IptablesLegacyTree | Mode::IptablesNftTree)
+    }
+
+    /// How iptables mode dispatches in this mode.
+    pub fn dispatch(self) -> kp_proxier::iptables::tree::Dispatch {
+        if self.is_tree() {
+            kp_proxier::iptables::tree::Dispatch::tree()
+        } else {
+            kp_proxier::iptables::tree::Dispatch::Upstream
+        }
     }
 
     /// Parses a [`Mode::label`].
@@ -157,8 +194,16 @@ pub fn render_payload(mode: Mode, snap: &Snapshot) -> (String, Duration) {
         }
         Mode::Userspace => userspace::userspace_payload(snap),
         Mode::Direct => (String::new(), Duration::ZERO),
-        Mode::IptablesLegacy | Mode::IptablesNft | Mode::IptablesNftOne | Mode::IptablesNftZero => {
-            let cfg = iptables_render_config();
+        Mode::IptablesLegacy
+        | Mode::IptablesNft
+        | Mode::IptablesNftOne
+        | Mode::IptablesNftZero
+        | Mode::IptablesLegacyTree
+        | Mode::IptablesNftTree => {
+            let cfg = kp_proxier::iptables::render::RenderConfig {
+                dispatch: mode.dispatch(),
+                ..iptables_render_config()
+            };
             let t = Instant::now();
             let mut r = kp_proxier::iptables::render::render(snap, &cfg, None);
             let (payload, _) = kp_proxier::iptables::reconcile::full_payload_take_with(
@@ -168,7 +213,7 @@ pub fn render_payload(mode: Mode, snap: &Snapshot) -> (String, Duration) {
                 mode == Mode::IptablesNftZero,
             );
             // What the nf_tables backend sends a fresh node by default.
-            let payload = if mode == Mode::IptablesNft {
+            let payload = if matches!(mode, Mode::IptablesNft | Mode::IptablesNftTree) {
                 let policy = kp_proxier::iptables::reconcile::split::NFT_SPLIT;
                 match kp_proxier::iptables::reconcile::split::split_full_payload(
                     &payload, &policy, 0,

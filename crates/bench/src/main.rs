@@ -30,6 +30,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Every benchmark for every mode (iptables-legacy, iptables-nft, iptables-nft-one, iptables-nft-zero,
+    /// iptables-legacy-tree, iptables-nft-tree (`--iptables-dispatch tree`),
     /// nftables, userspace, and the direct baseline), side by side: control plane and
     /// datapath. Writes results.json, results.md, machine.md and SVG charts into --out. Needs
     /// root; everything runs in network namespaces it creates.

@@ -68,8 +68,17 @@ pub fn render_text(trace: &Trace, packet: &Packet) -> String {
     );
     let prefix = common_prefix(&trace.outcomes);
     if let Some(first) = trace.outcomes.first() {
-        for s in &first.steps[..prefix] {
-            let _ = writeln!(out, "{}", step_line(s));
+        let steps = &first.steps[..prefix];
+        let mut i = 0;
+        while i < steps.len() {
+            let run = dispatch_run(&steps[i..]);
+            if run >= 2 {
+                let _ = writeln!(out, "{}", dispatch_line(&steps[i..i + run]));
+                i += run;
+            } else {
+                let _ = writeln!(out, "{}", step_line(&steps[i]));
+                i += 1;
+            }
         }
     }
     for o in &trace.outcomes {
@@ -109,6 +118,44 @@ fn common_prefix(outcomes: &[Outcome]) -> usize {
         );
     }
     n
+}
+
+/// Prefix of the chains of kube-proxy-rs's dispatch tree (`--iptables-dispatch tree`).
+const TREE_CHAIN_PREFIX: &str = "KUBE-SVT-";
+
+/// The tree chain a step's rule jumps or goes to, and the rule's matches.
+fn tree_hop(s: &Step) -> Option<(&str, &str)> {
+    if matches!(s.effect, Effect::Jump | Effect::Goto) {
+        let body = s.rule_text.strip_prefix("-A ")?.split_once(' ')?.1;
+        for verb in [" -j ", " -g "] {
+            if let Some((matches, target)) = body.rsplit_once(verb)
+                && target.starts_with(TREE_CHAIN_PREFIX)
+            {
+                return Some((matches, target));
+            }
+        }
+    }
+    None
+}
+
+/// How many steps from the start of `steps` descend the dispatch tree.
+fn dispatch_run(steps: &[Step]) -> usize {
+    steps.iter().take_while(|s| tree_hop(s).is_some()).count()
+}
+
+/// The descent through the dispatch tree on one line: the chain it starts in, each hop's
+/// match and the leaf chain it ends in.
+fn dispatch_line(run: &[Step]) -> String {
+    let first = &run[0];
+    let hops: Vec<&str> = run.iter().filter_map(tree_hop).map(|(m, _)| m).collect();
+    let leaf = run.last().and_then(tree_hop).map_or("", |(_, t)| t);
+    format!(
+        "{} {}  dispatch tree, {} levels: {} -> {leaf}",
+        first.table,
+        first.chain,
+        run.len(),
+        hops.join(", ")
+    )
 }
 
 fn step_line(s: &Step) -> String {

@@ -27,6 +27,7 @@ pub mod canary;
 pub mod names;
 pub mod reconcile;
 pub mod render;
+pub mod tree;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -100,6 +101,8 @@ pub struct IptablesProxier<I: Iptables> {
     nfacct_counters: NfacctCounters,
     /// Whether a full sync has checked the counters yet.
     nfacct_checked: bool,
+    /// How `KUBE-SERVICES` dispatches (see [`Self::with_dispatch`]).
+    dispatch: tree::Dispatch,
 }
 
 /// Which of upstream's two nfacct counters the rules may name.
@@ -169,6 +172,7 @@ impl<I: Iptables> IptablesProxier<I> {
             nfacct: None,
             nfacct_counters: NfacctCounters::default(),
             nfacct_checked: false,
+            dispatch: tree::Dispatch::Upstream,
         })
     }
 
@@ -223,6 +227,14 @@ impl<I: Iptables> IptablesProxier<I> {
             debug!(family = %self.family, ?now, "nfacct counters in use");
         }
         self.nfacct_counters = now;
+    }
+
+    /// Chooses how nat `KUBE-SERVICES` dispatches (`--iptables-dispatch`): upstream's list
+    /// (the default) or the tree of [`tree`], whose partial syncs rewrite only the dispatch
+    /// chains that changed. The per-Service chains are the same in both.
+    pub fn with_dispatch(mut self, dispatch: tree::Dispatch) -> Self {
+        self.dispatch = dispatch;
+        self
     }
 
     /// Enables the UDP stale-conntrack cleanup after syncs (see [`crate::conntrack`]).
@@ -308,6 +320,7 @@ impl<I: Iptables> IptablesProxier<I> {
             kube_firewall: self.family == IpFamily::V4,
             nfacct_invalid_drop: self.nfacct_counters.ct_state_invalid_dropped,
             nfacct_localhost_nodeports: self.nfacct_counters.localhost_nodeports_accepted,
+            dispatch: self.dispatch,
         })
     }
 

@@ -65,6 +65,28 @@ fn base32_16(digest: &[u8]) -> [u8; 16] {
     out
 }
 
+/// The 16-character base32 SHA-256 of `text` (the dispatch tree's IPv6 chain names).
+pub(crate) fn text_hash(text: &str) -> [u8; 16] {
+    base32_16(&Sha256::digest(text.as_bytes()))
+}
+
+/// Prefix of the dispatch tree's chains (`--iptables-dispatch tree`; see
+/// [`super::tree`]). Not a per-Service prefix: tree chains are written with
+/// `KUBE-SERVICES`.
+pub const TREE_CHAIN_PREFIX: &str = "KUBE-SVT-";
+
+/// Whether `chain` is a chain of the dispatch tree.
+pub fn is_tree_chain(chain: &str) -> bool {
+    chain.starts_with(TREE_CHAIN_PREFIX)
+}
+
+/// Whether `chain` is a nat chain of ours whose name is made per sync: a per-Service or
+/// per-endpoint chain, or a dispatch tree chain. A full sync deletes those it no longer uses,
+/// and `--cleanup` deletes them all.
+pub fn is_dynamic_chain(chain: &str) -> bool {
+    is_service_chain(chain) || is_tree_chain(chain)
+}
+
 /// Feeds `ns/name[:port]` and the lower-case protocol into `h` (upstream hashes
 /// `ServicePortName.String() + protocol`).
 fn hash_service_port(h: &mut Sha256, spn: &ServicePortName) {

@@ -24,7 +24,7 @@ use std::hash::BuildHasher;
 use super::canary::CANARY_BLOCKS;
 use super::names::{
     KUBE_EXTERNAL_SERVICES, KUBE_FIREWALL, KUBE_FORWARD, KUBE_MARK_MASQ, KUBE_NODEPORTS,
-    KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_PROXY_FIREWALL, KUBE_SERVICES, is_service_chain,
+    KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_PROXY_FIREWALL, KUBE_SERVICES, is_dynamic_chain,
 };
 use super::render::{ChainSet, Rendered, TableRules};
 
@@ -256,14 +256,15 @@ impl ChainNames for ChainSet {
     }
 }
 
-/// Stale per-Service chains: those in the kernel's nat table that the ruleset no longer uses.
+/// Stale per-Service and dispatch tree chains: those in the kernel's nat table that the
+/// ruleset no longer uses.
 fn stale_in_kernel(kernel: Option<&KernelTables>, active: &ChainSet) -> Vec<String> {
     kernel
         .map(|k| {
             k.nat
                 .chains
                 .iter()
-                .filter(|c| is_service_chain(c) && !active.contains(c))
+                .filter(|c| is_dynamic_chain(c) && !active.contains(c))
                 .cloned()
                 .collect()
         })
@@ -477,7 +478,7 @@ pub fn cleanup_payload(kernel: &KernelTables) -> CleanupPlan {
         let mut ours: BTreeSet<String> = table
             .chains
             .iter()
-            .filter(|c| fixed.contains(&c.as_str()) || (name == "nat" && is_service_chain(c)))
+            .filter(|c| fixed.contains(&c.as_str()) || (name == "nat" && is_dynamic_chain(c)))
             .cloned()
             .collect();
         if name == "filter" && table.chains.contains(KUBE_FIREWALL) {

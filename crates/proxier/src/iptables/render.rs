@@ -44,6 +44,7 @@ use super::names::{
     KUBE_POSTROUTING, KUBE_PROXY_FIREWALL, KUBE_SERVICES, ServiceNames, endpoint_hash,
     service_hash,
 };
+use super::tree::{self, Dispatch};
 use crate::local::LocalMatch;
 
 /// The nfacct counter of the `KUBE-FORWARD` INVALID drop (upstream
@@ -105,6 +106,9 @@ pub struct RenderConfig {
     /// `localhost_nodeports`, every NodePort of a Service with endpoints also gets a
     /// `-d 127.0.0.0/8` rule that counts into it, just before its own rule.
     pub nfacct_localhost_nodeports: bool,
+    /// How nat `KUBE-SERVICES` dispatches (`--iptables-dispatch`): upstream's list, or the
+    /// tree of [`super::tree`].
+    pub dispatch: Dispatch,
 }
 
 impl Default for RenderConfig {
@@ -120,6 +124,7 @@ impl Default for RenderConfig {
             kube_firewall: true,
             nfacct_invalid_drop: false,
             nfacct_localhost_nodeports: false,
+            dispatch: Dispatch::Upstream,
         }
     }
 }
@@ -195,6 +200,14 @@ impl ChainList {
     /// The declaration lines, `:NAME - [0:0]\n` per name, in order.
     pub fn declarations(&self) -> &str {
         &self.text
+    }
+
+    /// Appends the names of `other` after its first `skip`.
+    pub fn extend_from(&mut self, other: &ChainList, skip: usize) {
+        for line in other.text.split_inclusive('\n').skip(skip) {
+            self.text.push_str(line);
+            self.len += 1;
+        }
     }
 }
 
@@ -377,6 +390,10 @@ pub struct Rendered {
 pub struct RenderCache {
     services: HashMap<ServicePortName, CachedService, FastBuild>,
     key: Option<CacheKey>,
+    /// Tree layout: the digest of every dispatch chain's rules (`KUBE-SERVICES`,
+    /// `KUBE-NODEPORTS` and the `KUBE-SVT-` chains) at the last render, so that a partial
+    /// render rewrites only those that changed.
+    dispatch: HashMap<String, [u8; 16], FastBuild>,
 }
 
 impl RenderCache {
@@ -764,6 +781,7 @@ pub fn render_cached(
         for c in cache.services.values_mut() {
             c.flags = 0;
         }
+        cache.dispatch.clear();
         cache.key = Some(key);
     }
     // One walk of the two maps, kept for the render loop below.
@@ -951,6 +969,24 @@ pub fn render_cached(
         .arg("-m conntrack --ctstate RELATED,ESTABLISHED")
         .end("ACCEPT");
 
+    let mut dispatch_skipped = 0;
+    if let Dispatch::Tree { leaf_rules } = cfg.dispatch {
+        let previous = only.map(|_| std::mem::take(&mut cache.dispatch));
+        let t = tree_entry_rules(
+            &nat.rules,
+            leaf_rules,
+            previous.as_ref(),
+            &mut out.active_nat_chains,
+        );
+        nat.rules = t.rules;
+        nat.rule_count = t.rule_count;
+        let mut chains = t.chains;
+        chains.extend_from(&svc_nat.chains, NAT_CHAINS.len());
+        svc_nat.chains = chains;
+        cache.dispatch = t.digests;
+        dispatch_skipped = t.skipped_rules;
+    }
+
     nat.chains = std::mem::take(&mut svc_nat.chains);
     // The per-Service chains are most of the text: move the entry rules in front of them
     // within their buffer rather than copying them into a second one.
@@ -958,9 +994,92 @@ pub fn render_cached(
     rules.insert_str(0, &nat.rules);
     nat.rules = rules;
     nat.rule_count += svc_nat.rule_count;
-    out.nat_rules_total = nat.rule_count + skipped_rules;
+    out.nat_rules_total = nat.rule_count + skipped_rules + dispatch_skipped;
     out.filter = filter;
     out.nat = nat;
+    out
+}
+
+/// The entry rules of the tree layout.
+struct TreeEntry {
+    /// The rules to write: the fixed chains', then every dispatch chain that is written.
+    rules: String,
+    rule_count: usize,
+    /// The fixed and dispatch chains to declare (those written), in order.
+    chains: ChainList,
+    /// Rules of dispatch chains left as they are (unchanged since the previous render).
+    skipped_rules: usize,
+    /// Every dispatch chain's digest.
+    digests: HashMap<String, [u8; 16], FastBuild>,
+}
+
+/// Turns the upstream entry rules of a render (`entry`: `KUBE-SERVICES`, `KUBE-NODEPORTS`
+/// and the fixed chains' lines) into the tree layout: the `KUBE-SERVICES` entries go to the
+/// leaves of [`tree::build`]. With `previous` (a partial render) a dispatch chain whose rules
+/// are those of the previous render is not written; every tree chain goes into `active`.
+fn tree_entry_rules(
+    entry: &str,
+    leaf_rules: usize,
+    previous: Option<&HashMap<String, [u8; 16], FastBuild>>,
+    active: &mut ChainSet,
+) -> TreeEntry {
+    let lines = tree::split_entry_rules(entry);
+    let built = tree::build(&lines.keys, leaf_rules);
+    let mut out = TreeEntry {
+        rules: String::with_capacity(entry.len() + built.chains.len() * 96),
+        rule_count: 0,
+        chains: ChainList::default(),
+        skipped_rules: 0,
+        digests: HashMap::with_capacity_and_hasher(built.chains.len() + 1, FastBuild::default()),
+    };
+    for l in &lines.other {
+        out.rules.push_str(l);
+        out.rule_count += 1;
+    }
+    let mut texts: Vec<(&str, String, usize)> = Vec::with_capacity(built.chains.len() + 1);
+    for (i, chain) in built.chains.iter().enumerate() {
+        let mut text = String::new();
+        let after: &[&str] = if i == 0 { &lines.services_rest } else { &[] };
+        let n = tree::write_chain(chain, &lines.tails, after, &mut text);
+        texts.push((&chain.name, text, n));
+        if i == 0 {
+            texts.push((
+                KUBE_NODEPORTS,
+                lines.nodeports.concat(),
+                lines.nodeports.len(),
+            ));
+        }
+    }
+    let mut written = Vec::with_capacity(texts.len());
+    for (name, text, n) in &texts {
+        let digest = super::names::text_hash(text);
+        let write = previous.is_none_or(|p| p.get(*name) != Some(&digest));
+        if super::names::is_tree_chain(name) {
+            active.insert(name);
+        }
+        out.digests.insert((*name).to_string(), digest);
+        written.push(write);
+        if !write {
+            out.skipped_rules += n;
+        }
+    }
+    // Declarations: the fixed chains in upstream's order, then the tree's.
+    for (i, (name, _, _)) in texts.iter().enumerate().take(2) {
+        if written[i] {
+            out.chains.push(name);
+        }
+    }
+    out.chains.push(KUBE_POSTROUTING);
+    out.chains.push(KUBE_MARK_MASQ);
+    for (i, (name, text, n)) in texts.iter().enumerate() {
+        if written[i] {
+            if i >= 2 {
+                out.chains.push(name);
+            }
+            out.rules.push_str(text);
+            out.rule_count += n;
+        }
+    }
     out
 }
 

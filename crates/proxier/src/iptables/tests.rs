@@ -1,6 +1,7 @@
 //! Sync tests against the checking fake: full and partial syncs, failures, stale chains,
 //! cleanup.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use kp_model::{
@@ -735,4 +736,165 @@ fn a_failed_transaction_of_a_split_sync_leaves_a_correct_state_and_forces_a_full
     assert!(report.full);
     assert!(report.deleted_chains >= 11, "{}", report.deleted_chains);
     assert!(!p.runner().save(Some(Table::Nat)).unwrap().contains(&svc3));
+}
+
+fn tree_proxier(fake: FakeIptables, leaf_rules: usize) -> IptablesProxier<FakeIptables> {
+    proxier(fake).with_dispatch(tree::Dispatch::Tree { leaf_rules })
+}
+
+/// Lines of `payload`'s nat table that write into a chain with `prefix`.
+fn lines_into(payload: &str, prefix: &str) -> usize {
+    let nat = payload.split_once("*nat\n").map_or(payload, |(_, n)| n);
+    nat.lines()
+        .filter(|l| l.starts_with("-A ") && l[3..].starts_with(prefix))
+        .count()
+}
+
+#[test]
+fn tree_layout_partial_syncs_equal_full_syncs_and_rewrite_only_the_path() {
+    let mut t = tracker();
+    for e in big_cluster_events(200) {
+        t.apply(e);
+    }
+    let mut p = tree_proxier(FakeIptables::new(IpVersion::V4), 4);
+    let mut up = proxier(FakeIptables::new(IpVersion::V4));
+    let (snap, changes) = t.checkout();
+    assert!(p.sync(&snap, &changes).unwrap().full);
+    up.sync(&snap, &changes).unwrap();
+    let nat = p.runner().save(Some(Table::Nat)).unwrap();
+    let tree_lines = lines_into(&nat, "KUBE-SVT-");
+    assert!(tree_lines > 200, "{tree_lines} tree lines");
+    assert!(
+        lines_into(&nat, "KUBE-SERVICES ") <= 3,
+        "KUBE-SERVICES holds the root only:\n{nat}"
+    );
+    // The per-Service chains are upstream's, rule for rule.
+    let per_service = |s: &str| -> Vec<String> {
+        s.lines()
+            .filter(|l| {
+                l.starts_with("-A ") && names::is_service_chain(l[3..].split(' ').next().unwrap())
+            })
+            .map(str::to_string)
+            .collect()
+    };
+    let upstream_nat = up.runner().save(Some(Table::Nat)).unwrap();
+    assert_eq!(per_service(&nat), per_service(&upstream_nat));
+
+    let steps: Vec<Vec<SourceEvent>> = vec![
+        vec![SourceEvent::ServiceDelete(NamespacedName::new(
+            "default", "big-7",
+        ))],
+        vec![
+            SourceEvent::ServiceUpsert(service("new", "10.96.0.200", 80)),
+            SourceEvent::SliceUpsert(slice("new", 80, &[("10.0.9.9", "k8s-master")])),
+        ],
+        // No endpoints: the entry leaves the nat table for filter's REJECT.
+        vec![SourceEvent::SliceDelete(NamespacedName::new(
+            "default", "big-20-x",
+        ))],
+        // Endpoints change only: no dispatch chain changes.
+        vec![SourceEvent::SliceUpsert(slice(
+            "big-30",
+            8080,
+            &[("10.0.30.99", "k8s-worker")],
+        ))],
+        vec![SourceEvent::ServiceDelete(NamespacedName::new(
+            "default", "new",
+        ))],
+    ];
+    for (i, step) in steps.into_iter().enumerate() {
+        for e in step {
+            t.apply(e);
+        }
+        let (snap, changes) = t.checkout();
+        let report = p.sync(&snap, &changes.clone()).unwrap();
+        assert!(!report.full);
+        let payload = String::from_utf8(p.runner().last_payload().unwrap()).unwrap();
+        let up_report = up.sync(&snap, &changes).unwrap();
+        let mut fresh = tree_proxier(FakeIptables::new(IpVersion::V4), 4);
+        fresh.sync(&snap, &Changes::default()).unwrap();
+        assert_eq!(
+            save(&p),
+            save(&fresh),
+            "step {i}: partial diverged from full"
+        );
+        // Only the chains on the changed entry's path: a leaf and a few ancestors.
+        let written = lines_into(&payload, "KUBE-SVT-") + lines_into(&payload, "KUBE-SERVICES ");
+        assert!(
+            written <= 12,
+            "step {i}: {written} dispatch lines\n{payload}"
+        );
+        assert_eq!(lines_into(&payload, "KUBE-NODEPORTS "), 0, "step {i}");
+        if i == 3 {
+            assert_eq!(
+                written, 0,
+                "an endpoint change rewrites no dispatch chain:\n{payload}"
+            );
+        }
+        assert!(
+            report.payload_bytes * 5 < up_report.payload_bytes,
+            "step {i}: tree {} bytes, upstream {}",
+            report.payload_bytes,
+            up_report.payload_bytes
+        );
+    }
+    // Same rules in nat as upstream's layout once the tree is flattened: every entry of
+    // upstream's KUBE-SERVICES is in some tree chain.
+    let nat = p.runner().save(Some(Table::Nat)).unwrap();
+    let upstream_nat = up.runner().save(Some(Table::Nat)).unwrap();
+    let entries = |s: &str| -> BTreeSet<String> {
+        s.lines()
+            .filter(|l| l.starts_with("-A KUBE-SERVICES -d ") || l.starts_with("-A KUBE-SVT-"))
+            .filter(|l| !l.contains(" -j KUBE-SVT-") && !l.contains(" -g KUBE-SVT-"))
+            .map(|l| l.split_once(" -d ").unwrap().1.to_string())
+            .collect()
+    };
+    assert_eq!(entries(&nat), entries(&upstream_nat));
+    assert!(nat.contains("-A KUBE-SERVICES -m comment --comment \"kubernetes service nodeports"));
+}
+
+#[test]
+fn switching_dispatch_layouts_deletes_the_other_layouts_chains() {
+    let mut t = tracker();
+    for e in big_cluster_events(60) {
+        t.apply(e);
+    }
+    let (snap, changes) = t.checkout();
+    let mut p = tree_proxier(FakeIptables::new(IpVersion::V4), 4);
+    p.sync(&snap, &changes).unwrap();
+    let dump = p.runner().save(None).unwrap();
+    assert!(dump.contains(":KUBE-SVT-"));
+    // A restart in upstream's layout over the tree's rules: a full sync removes the tree.
+    let fake = FakeIptables::new(IpVersion::V4);
+    fake.restore(dump.as_bytes()).unwrap();
+    let mut up = proxier(fake);
+    let report = up.sync(&snap, &Changes::default()).unwrap();
+    assert!(report.deleted_chains > 10, "{}", report.deleted_chains);
+    let mut fresh = proxier(FakeIptables::new(IpVersion::V4));
+    fresh.sync(&snap, &Changes::default()).unwrap();
+    assert_eq!(save(&up), save(&fresh));
+    // And back; then --cleanup removes every chain of ours, tree chains included.
+    let fake = FakeIptables::new(IpVersion::V4);
+    fake.restore(up.runner().save(None).unwrap().as_bytes())
+        .unwrap();
+    let mut back = tree_proxier(fake, 4);
+    back.sync(&snap, &Changes::default()).unwrap();
+    assert_eq!(save(&back), save(&p));
+    cleanup(back.runner()).unwrap();
+    assert!(!back.runner().save(None).unwrap().contains("KUBE-"));
+}
+
+#[test]
+fn small_clusters_get_upstreams_rules_in_the_tree_layout() {
+    let mut t = tracker();
+    for e in seed_events() {
+        t.apply(e);
+    }
+    let (snap, changes) = t.checkout();
+    let mut p = tree_proxier(FakeIptables::new(IpVersion::V4), tree::DEFAULT_LEAF_RULES);
+    p.sync(&snap, &changes).unwrap();
+    let mut up = proxier(FakeIptables::new(IpVersion::V4));
+    up.sync(&snap, &changes).unwrap();
+    assert_eq!(save(&p), save(&up));
+    assert_contains_in_chain_order(&save(&p), &rule_lines(SEED_EXPECTED_IPTABLES));
 }

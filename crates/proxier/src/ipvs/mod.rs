@@ -39,7 +39,7 @@ use kp_netlink::link::LinkOps;
 use kp_netlink::{ConntrackOps, proto};
 use tracing::{debug, info, warn};
 
-use crate::iptables::names::is_service_chain;
+use crate::iptables::names::is_dynamic_chain;
 use crate::iptables::reconcile::{KernelTable, KernelTables};
 use crate::{Host, LocalDetector, NodePortAddresses, Proxier, ProxierError, ProxyMode, SyncReport};
 use names::{DUMMY_DEVICE, FILTER_CHAINS, KubeSet, NAT_CHAINS, SetType};
@@ -529,7 +529,7 @@ impl<I: Iptables> IpvsProxier<I> {
                             if table == "filter" {
                                 IPTABLES_MODE_FILTER_CHAINS.contains(&c.as_str())
                             } else {
-                                c.as_str() == "KUBE-NODEPORTS" || is_service_chain(c)
+                                c.as_str() == "KUBE-NODEPORTS" || is_dynamic_chain(c)
                             }
                         })
                         .collect()

@@ -329,7 +329,7 @@ fn other_mode_chains(table: &str, kernel: &KernelTable) -> Vec<String> {
                 crate::iptables::reconcile::CLEANUP_FILTER.contains(&c)
             } else {
                 crate::iptables::reconcile::CLEANUP_NAT.contains(&c)
-                    || crate::iptables::names::is_service_chain(c)
+                    || crate::iptables::names::is_dynamic_chain(c)
             }
         })
         .filter(|c| !NAT_CHAINS.contains(&c.as_str()) && !FILTER_CHAINS.contains(&c.as_str()))

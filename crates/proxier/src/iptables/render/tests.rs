@@ -546,3 +546,118 @@ fn nfacct_localhost_rule_follows_upstreams_conditions() {
     assert!(!t.contains("INVALID"), "{t}");
     assert!(t.contains(UPSTREAM_NFACCT_NODEPORTS[0]));
 }
+
+/// Five Services with every kind of `KUBE-SERVICES` entry: ClusterIPs, two ports on one
+/// address, an external IP, a load-balancer IP with source ranges (`KUBE-FW-`), a NodePort.
+fn tree_cluster() -> Snapshot {
+    snapshot(
+        IpFamily::V4,
+        vec![
+            service("a", "10.96.0.10", 80, None),
+            ServiceBuilder::new("b", "10.96.0.11")
+                .tcp("http", 80)
+                .tcp("https", 443)
+                .build(),
+            service("c", "10.96.200.1", 53, Some(30053)),
+            ServiceBuilder::new("d", "10.96.0.12")
+                .tcp("", 80)
+                .external_ips(&["192.0.2.10"])
+                .build(),
+            ServiceBuilder::new("e", "10.96.0.13")
+                .tcp("", 80)
+                .load_balancer(&["198.51.100.7"])
+                .source_ranges(&["203.0.113.0/24"])
+                .build(),
+        ],
+        vec![
+            slice("a", 8080, &[("10.0.0.1", "k8s-master")]),
+            SliceBuilder::new("b")
+                .port("http", 8080)
+                .port("https", 8443)
+                .ready("10.0.0.2", "k8s-master")
+                .build(),
+            slice("c", 5353, &[("10.0.0.3", "k8s-master")]),
+            slice("d", 8080, &[("10.0.0.4", "k8s-master")]),
+            slice("e", 8080, &[("10.0.0.5", "k8s-master")]),
+        ],
+    )
+}
+
+fn tree_cfg(leaf_rules: usize) -> RenderConfig {
+    RenderConfig {
+        dispatch: Dispatch::Tree { leaf_rules },
+        ..cluster_cidr()
+    }
+}
+
+#[test]
+fn tree_layout_ruleset() {
+    let snap = tree_cluster();
+    let t = text(&render(&snap, &tree_cfg(2), None));
+    insta::assert_snapshot!("tree_layout", t);
+    // Everything but nat KUBE-SERVICES is upstream's, line for line.
+    let up = text(&render(&snap, &cluster_cidr(), None));
+    let without_dispatch = |s: &str| -> Vec<String> {
+        let mut v: Vec<String> = s
+            .lines()
+            .filter(|l| !l.contains("KUBE-SVT-") && !l.starts_with("-A KUBE-SERVICES -d"))
+            .map(str::to_string)
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(without_dispatch(&t), without_dispatch(&up));
+    // With leaves of 16 the seven entries stay in KUBE-SERVICES: upstream's ruleset (the
+    // same lines in every chain, in the same order; only KUBE-NODEPORTS's lines come after
+    // KUBE-SERVICES's in the payload instead of between them).
+    let by_chain = |s: &str| -> Vec<String> {
+        let mut v: Vec<String> = s.lines().map(str::to_string).collect();
+        v.sort_by_key(|l| l.split(' ').nth(1).unwrap_or_default().to_string());
+        v
+    };
+    assert_eq!(
+        by_chain(&text(&render(&snap, &tree_cfg(16), None))),
+        by_chain(&up)
+    );
+}
+
+#[test]
+fn tree_partial_render_writes_only_changed_dispatch_chains() {
+    let snap = tree_cluster();
+    let mut cache = RenderCache::new();
+    let full = render_cached(&snap, &tree_cfg(1), None, &mut cache);
+    // Nothing changed: no dispatch chain is written, and the totals are the same.
+    let none = BTreeSet::new();
+    let same = render_cached(&snap, &tree_cfg(1), Some(&none), &mut cache);
+    assert!(!same.nat.rules.contains("KUBE-SVT-"));
+    assert!(!same.nat.chains.contains("KUBE-SERVICES"));
+    assert!(!same.nat.chains.contains("KUBE-NODEPORTS"));
+    assert_eq!(same.nat_rules_total, full.nat_rules_total);
+    assert_eq!(same.active_nat_chains, full.active_nat_chains);
+    // Service a loses its endpoints: its leaf and nothing else.
+    let mut changed = snap.clone();
+    let a = changed
+        .services
+        .keys()
+        .find(|k| k.service.name.as_ref() == "a")
+        .unwrap()
+        .clone();
+    changed.endpoints.remove(&a);
+    let only = BTreeSet::from([NamespacedName::new("default", "a")]);
+    let r = render_cached(&changed, &tree_cfg(1), Some(&only), &mut cache);
+    let written: Vec<&str> = r
+        .nat
+        .chains
+        .iter()
+        .filter(|c| c.starts_with("KUBE-SVT-"))
+        .collect();
+    // Its leaf goes, and so does the node above it, which had only b's leaf left: one chain
+    // is rewritten (their parent), two are stale.
+    assert_eq!(written, vec!["KUBE-SVT-0A600008-29"], "{:?}", r.nat.chains);
+    for gone in ["KUBE-SVT-0A60000A-32", "KUBE-SVT-0A60000A-31"] {
+        assert!(full.active_nat_chains.contains(gone) && !r.active_nat_chains.contains(gone));
+    }
+    let fresh = render(&changed, &tree_cfg(1), None);
+    assert_eq!(r.nat_rules_total, fresh.nat_rules_total);
+    assert_eq!(r.active_nat_chains, fresh.active_nat_chains);
+}
