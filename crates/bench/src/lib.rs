@@ -13,7 +13,8 @@
 //! `kp-bench all` runs the whole suite side by side for every mode: [`control`] (render,
 //! kernel load, syncs, one-Service changes, RSS), [`datapath`] (new-connection latency,
 //! requests per second, CPU per connection, bulk throughput through a ClusterIP) and writes
-//! JSON, Markdown and SVG charts ([`report`]).
+//! JSON, Markdown and SVG charts ([`report`]); with `--daemon-sizes` it also measures the
+//! real daemon's own peak memory from each source ([`daemon`], also `kp-bench daemon-rss`).
 //!
 //! Userspace mode ([`Mode::Userspace`], [`userspace`]) runs its `kp-relay` inside the
 //! benchmark process, on a runtime whose threads are in the node namespace; the
@@ -21,6 +22,7 @@
 //! connects to the backend pods directly, in the same topology and run.
 
 pub mod control;
+pub mod daemon;
 pub mod datapath;
 pub mod report;
 pub mod stream;
@@ -173,6 +175,25 @@ impl Mode {
             kp_proxier::iptables::tree::Dispatch::tree()
         } else {
             kp_proxier::iptables::tree::Dispatch::Upstream
+        }
+    }
+
+    /// The daemon mode of the same name, for the daemon-memory points: `None` for the
+    /// benchmark-only variants (`iptables-nft-one`, `iptables-nft-zero`, the two tree modes) and
+    /// `direct`.
+    pub fn daemon_mode(self) -> Option<kp_testkit::rss::DaemonMode> {
+        use kp_testkit::rss::DaemonMode;
+        match self {
+            Mode::IptablesLegacy => Some(DaemonMode::IptablesLegacy),
+            Mode::IptablesNft => Some(DaemonMode::IptablesNft),
+            Mode::Nftables => Some(DaemonMode::Nftables),
+            Mode::Ipvs => Some(DaemonMode::Ipvs),
+            Mode::Userspace => Some(DaemonMode::Userspace),
+            Mode::IptablesNftOne
+            | Mode::IptablesNftZero
+            | Mode::IptablesLegacyTree
+            | Mode::IptablesNftTree
+            | Mode::Direct => None,
         }
     }
 
@@ -692,6 +713,16 @@ pub struct AllOptions {
     /// set up at once and measured round by round, each round with its share of the probes
     /// and seconds.
     pub rounds: usize,
+    /// Sizes of the daemon-memory points ([`daemon`]; empty: not measured).
+    pub daemon_sizes: Vec<usize>,
+    /// Sources of the daemon-memory points.
+    pub daemon_sources: Vec<kp_testkit::rss::Source>,
+    /// The `kube-proxy-rs` binary for the daemon-memory points (`None`: not measured).
+    pub proxy_binary: Option<std::path::PathBuf>,
+    /// How long one daemon may take to complete its first sync.
+    pub daemon_timeout: Duration,
+    /// How long to wait after a daemon's first sync before reading its memory.
+    pub daemon_settle: Duration,
     /// Quick mode (recorded in the report).
     pub quick: bool,
     /// The command line (recorded in the report).
@@ -729,6 +760,11 @@ impl AllOptions {
             bulk_seconds: 3.0,
             bulk_streams: vec![1, 4],
             rounds: 1,
+            daemon_sizes: vec![1000, 5000, 10_000],
+            daemon_sources: kp_testkit::rss::Source::ALL.to_vec(),
+            proxy_binary: None,
+            daemon_timeout: Duration::from_secs(600),
+            daemon_settle: Duration::from_secs(2),
             quick: false,
             command: String::new(),
         }
@@ -751,6 +787,7 @@ impl AllOptions {
             positions: vec!["last".into()],
             keepalive: false,
             bulk_seconds: 0.0,
+            daemon_sizes: Vec::new(),
             ..AllOptions::full()
         }
     }
@@ -768,6 +805,9 @@ impl AllOptions {
             bulk_seconds: 0.2,
             rounds: 2,
             tool_timeout: Duration::from_secs(120),
+            daemon_sizes: vec![100],
+            daemon_timeout: Duration::from_secs(120),
+            daemon_settle: Duration::from_millis(500),
             quick: true,
             ..AllOptions::full()
         }
@@ -877,6 +917,25 @@ pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
             }
         }
     }
+    let daemon_points = match &opts.proxy_binary {
+        Some(binary) if !opts.daemon_sizes.is_empty() => {
+            eprintln!(
+                "[{:>6.0} s] daemon memory at {:?} Services",
+                started.elapsed().as_secs_f64(),
+                opts.daemon_sizes
+            );
+            daemon::run(&daemon::DaemonOptions {
+                sizes: opts.daemon_sizes.clone(),
+                endpoints: 10,
+                modes: opts.modes.iter().filter_map(|m| m.daemon_mode()).collect(),
+                sources: opts.daemon_sources.clone(),
+                binary: binary.clone(),
+                timeout: opts.daemon_timeout,
+                settle: opts.daemon_settle,
+            })
+        }
+        _ => Vec::new(),
+    };
     Ok(report::RunReport {
         command: opts.command.clone(),
         started_unix,
@@ -887,6 +946,7 @@ pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
         load_average: Some((load_start, load_average())),
         control: control_points,
         datapath: datapath_points,
+        daemon: daemon_points,
     })
 }
 

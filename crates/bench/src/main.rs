@@ -8,6 +8,7 @@
 //!     --datapath-sizes 0,1000 --out docs/benchmarks/userspace   # userspace vs direct
 //! kp-bench vm --out docs/benchmarks/vm        # iptables-legacy, nftables, ipvs in the qemu guest
 //! kp-bench report --json docs/benchmarks/userspace/results.json   # tables, charts again
+//! kp-bench daemon-rss --sizes 1000,5000,10000 --out docs/benchmarks/daemon   # the daemon's memory
 //! kp-bench dump --mode iptables-legacy --services 10000 > payload.txt
 //! kp-bench nft-scale --services 10000 --endpoints 10 --runs 3
 //! ```
@@ -92,6 +93,49 @@ enum Command {
         /// of writing files (how `kp-bench vm` gets the guest's report).
         #[arg(long)]
         json_stdout: bool,
+        /// Sizes of the daemon's own memory (as `daemon-rss`; comma-separated Services, or
+        /// `none`; default 1000,5000,10000, quick 100).
+        #[arg(long, value_delimiter = ',')]
+        daemon_sizes: Vec<String>,
+        /// Sources of the daemon-memory points (manifests, manifests-list, api; default all).
+        #[arg(long, value_delimiter = ',')]
+        daemon_sources: Vec<String>,
+        /// The kube-proxy-rs binary for the daemon-memory points (default: the one next to
+        /// this executable; without one they are not measured).
+        #[arg(long)]
+        proxy_binary: Option<PathBuf>,
+    },
+    /// The kube-proxy-rs daemon's own memory: the real binary, run one at a time in a fresh
+    /// network namespace on a synthetic cluster (Services × 10 endpoints, one EndpointSlice
+    /// each, the Node) from each source, until its first sync; then VmHWM and VmRSS from
+    /// /proc/PID/status. Writes results.json, results.md and machine.md into --out. Needs
+    /// root. IPVS mode is skipped where the kernel has no IPVS.
+    DaemonRss {
+        /// Output directory.
+        #[arg(long, default_value = "docs/benchmarks/daemon")]
+        out: PathBuf,
+        /// Services (comma-separated).
+        #[arg(long, value_delimiter = ',', default_value = "1000,5000,10000")]
+        sizes: Vec<usize>,
+        /// Endpoints per Service.
+        #[arg(long, default_value_t = 10)]
+        endpoints: usize,
+        /// Modes (iptables-legacy, iptables-nft, nftables, userspace, ipvs; default all).
+        #[arg(long, value_delimiter = ',')]
+        modes: Vec<String>,
+        /// Sources (manifests: a file of documents per namespace; manifests-list: one
+        /// `kind: List` file; api: the test API server through --master; default all).
+        #[arg(long, value_delimiter = ',')]
+        sources: Vec<String>,
+        /// The kube-proxy-rs binary (default: the one next to this executable).
+        #[arg(long)]
+        proxy_binary: Option<PathBuf>,
+        /// Seconds one daemon may take to complete its first sync.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+        /// Seconds to wait after the first sync before reading the daemon's memory.
+        #[arg(long, default_value_t = 2.0)]
+        settle: f64,
     },
     /// The modes side by side INSIDE the qemu guest of kp_testkit::vm (a kernel with IPVS):
     /// iptables-legacy, nftables and ipvs by default, so their ratios come from one kernel.
@@ -221,6 +265,9 @@ fn main() -> anyhow::Result<()> {
             no_control,
             vm_defaults,
             json_stdout,
+            daemon_sizes,
+            daemon_sources,
+            proxy_binary,
         } => {
             if !nix_is_root() {
                 bail!(
@@ -267,6 +314,27 @@ fn main() -> anyhow::Result<()> {
                 opts.tool_timeout = Duration::from_secs(t);
             }
             opts.rss_binary = std::env::current_exe().ok();
+            if daemon_sizes.iter().any(|s| s == "none") {
+                opts.daemon_sizes.clear();
+            } else if !daemon_sizes.is_empty() {
+                opts.daemon_sizes = daemon_sizes
+                    .iter()
+                    .map(|s| {
+                        s.parse()
+                            .with_context(|| format!("--daemon-sizes: {s:?} is not a number"))
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+            }
+            if !daemon_sources.is_empty() {
+                opts.daemon_sources = sources(&daemon_sources)?;
+            }
+            opts.proxy_binary = proxy_binary.or_else(default_proxy_binary);
+            if opts.proxy_binary.is_none() && !opts.daemon_sizes.is_empty() {
+                eprintln!(
+                    "kp-bench: no kube-proxy-rs next to this executable and no --proxy-binary: \
+                     the daemon's memory is not measured"
+                );
+            }
             opts.command = kp_bench::command_line(std::env::args());
             let report = kp_bench::run_all(&opts)?;
             if json_stdout {
@@ -364,6 +432,68 @@ fn main() -> anyhow::Result<()> {
                 kp_bench::command_line(std::env::args()),
                 report.command
             );
+            for p in report.write(&out)? {
+                println!("wrote {}", p.display());
+            }
+            Ok(())
+        }
+        Command::DaemonRss {
+            out,
+            sizes,
+            endpoints,
+            modes,
+            sources: source_labels,
+            proxy_binary,
+            timeout,
+            settle,
+        } => {
+            if !nix_is_root() {
+                bail!(
+                    "kp-bench daemon-rss runs the daemon in network namespaces it creates: run it as root"
+                );
+            }
+            let binary = proxy_binary.or_else(default_proxy_binary).context(
+                "no kube-proxy-rs next to this executable: pass --proxy-binary \
+                 (cargo build --release -p kube-proxy-rs)",
+            )?;
+            let started = std::time::Instant::now();
+            let load_start = load_average();
+            let mut opts = kp_bench::daemon::DaemonOptions::full(binary);
+            opts.sizes = sizes;
+            opts.endpoints = endpoints;
+            if !modes.is_empty() {
+                opts.modes = modes
+                    .iter()
+                    .map(|m| {
+                        kp_testkit::rss::DaemonMode::parse(m).with_context(|| {
+                            format!("unknown mode {m:?} (iptables-legacy, iptables-nft, nftables, userspace, ipvs)")
+                        })
+                    })
+                    .collect::<anyhow::Result<_>>()?;
+            }
+            if !source_labels.is_empty() {
+                opts.sources = sources(&source_labels)?;
+            }
+            opts.timeout = Duration::from_secs(timeout);
+            opts.settle = Duration::from_secs_f64(settle);
+            let points = kp_bench::daemon::run(&opts);
+            let report = kp_bench::report::RunReport {
+                command: kp_bench::command_line(std::env::args()),
+                started_unix: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or_default()
+                    .saturating_sub(started.elapsed().as_secs()),
+                duration_s: started.elapsed().as_secs_f64(),
+                quick: false,
+                machine: kp_bench::report::MachineInfo::read(),
+                environment: kp_testkit::vm::in_guest()
+                    .then(|| kp_bench::report::GUEST_NOTE.to_string()),
+                load_average: Some((load_start, load_average())),
+                control: Vec::new(),
+                datapath: Vec::new(),
+                daemon: points,
+            };
             for p in report.write(&out)? {
                 println!("wrote {}", p.display());
             }
@@ -470,6 +600,29 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Parses `--sources` / `--daemon-sources` labels.
+fn sources(labels: &[String]) -> anyhow::Result<Vec<kp_testkit::rss::Source>> {
+    labels
+        .iter()
+        .map(|s| {
+            kp_testkit::rss::Source::parse(s)
+                .with_context(|| format!("unknown source {s:?} (manifests, manifests-list, api)"))
+        })
+        .collect()
+}
+
+/// The kube-proxy-rs binary next to this executable (same cargo target directory).
+fn default_proxy_binary() -> Option<PathBuf> {
+    kp_bench::daemon::sibling_proxy_binary(&std::env::current_exe().ok()?)
+}
+
+/// `/proc/loadavg`, trimmed (empty when unreadable).
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// The prefix of the report line `all --json-stdout` prints.

@@ -119,6 +119,9 @@ pub struct RunReport {
     pub control: Vec<ControlPoint>,
     /// Datapath points.
     pub datapath: Vec<DatapathPoint>,
+    /// The daemon's own memory ([`crate::daemon`]); absent in runs before it was measured.
+    #[serde(default)]
+    pub daemon: Vec<crate::daemon::DaemonPoint>,
 }
 
 /// `87%`, `–` when unknown.
@@ -180,6 +183,23 @@ impl RunReport {
                 "Load average (`/proc/loadavg`) at the start: `{start}`; at the end: `{end}`.\n"
             );
         }
+        if !self.control.is_empty() {
+            self.control_markdown(&mut s);
+        }
+        if !self.datapath.is_empty() {
+            self.datapath_markdown(&mut s);
+        }
+        if !self.daemon.is_empty() {
+            if !s.ends_with("\n\n") {
+                s.push('\n');
+            }
+            s.push_str(&crate::daemon::markdown(&self.daemon));
+        }
+        s
+    }
+
+    /// The control-plane and one-Service-change tables.
+    fn control_markdown(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "## Control plane (Services × 10 endpoints, medians)\n\n\
@@ -239,6 +259,10 @@ impl RunReport {
                 );
             }
         }
+    }
+
+    /// The datapath tables (latency, rates, bulk, against direct).
+    fn datapath_markdown(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "\n## Datapath (background Services × 10 endpoints; probed Service first / last in KUBE-SERVICES; `direct`: the pods, no Service)\n\n\
@@ -279,9 +303,8 @@ impl RunReport {
                 );
             }
         }
-        self.bulk_markdown(&mut s);
-        self.direct_markdown(&mut s);
-        s
+        self.bulk_markdown(s);
+        self.direct_markdown(s);
     }
 
     /// The bulk-throughput table, when any was measured.
@@ -425,7 +448,8 @@ impl RunReport {
         put("results.json", serde_json::to_string_pretty(self)?)?;
         put("results.md", self.markdown())?;
         put("machine.md", self.machine.markdown())?;
-        for (name, title, y, f) in charts() {
+        // The charts are of the datapath: none without it (a run of the daemon's memory only).
+        for (name, title, y, f) in charts().into_iter().filter(|_| !self.datapath.is_empty()) {
             let series = self.series(f);
             let p = dir.join(name);
             line_chart(&p, title, y, &series)?;
@@ -805,6 +829,22 @@ mod tests {
                 point("userspace", position("last", 800.0, 300.0)),
                 point("direct", position("pod", 1000.0, 1000.0)),
             ],
+            daemon: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn sections_without_data_print_no_table() {
+        let mut r = report();
+        r.datapath.clear();
+        let md = r.markdown();
+        for header in [
+            "## Control plane",
+            "## Datapath",
+            "## Daemon peak RSS",
+            "## One-Service",
+        ] {
+            assert!(!md.contains(header), "{header} without data:\n{md}");
         }
     }
 

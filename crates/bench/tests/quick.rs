@@ -8,6 +8,28 @@ use std::path::PathBuf;
 
 use kp_bench::{AllOptions, run_all};
 
+/// The kube-proxy-rs binary of this build (same target directory and profile as kp-bench),
+/// built first: cargo builds only this package's binaries for its tests. Cargo holds its
+/// build lock only while compiling, so this nested build does not wait for the outer one.
+fn proxy_binary() -> PathBuf {
+    let bench = PathBuf::from(env!("CARGO_BIN_EXE_kp-bench"));
+    let release = bench
+        .parent()
+        .is_some_and(|d| d.file_name().is_some_and(|n| n == "release"));
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args(["build", "-p", "kube-proxy-rs", "--bin", "kube-proxy-rs"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if release {
+        cmd.arg("--release");
+    }
+    let status = cmd.status().expect("cargo runs");
+    assert!(status.success(), "building kube-proxy-rs: {status}");
+    let binary = bench.with_file_name("kube-proxy-rs");
+    assert!(binary.is_file(), "{} was built", binary.display());
+    binary
+}
+
 #[test]
 fn quick_benchmark_produces_sane_outputs() {
     if !kp_testkit::require_root() {
@@ -16,6 +38,7 @@ fn quick_benchmark_produces_sane_outputs() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let mut opts = AllOptions::quick();
     opts.rss_binary = Some(PathBuf::from(env!("CARGO_BIN_EXE_kp-bench")));
+    opts.proxy_binary = Some(proxy_binary());
     opts.command = "quick test".into();
     let report = run_all(&opts).expect("the quick benchmark runs");
     let files = report.write(dir.path()).expect("outputs are written");
@@ -59,7 +82,11 @@ fn quick_benchmark_produces_sane_outputs() {
     for m in kp_bench::Mode::HOST {
         assert!(md.contains(m.label()), "results.md mentions {}", m.label());
     }
-    for section in ["## Bulk throughput", "## Against a direct connection"] {
+    for section in [
+        "## Bulk throughput",
+        "## Against a direct connection",
+        "## Daemon peak RSS, MiB",
+    ] {
         assert!(md.contains(section), "results.md has {section}");
     }
     // The report reads back from its JSON (`kp-bench report`).
@@ -153,5 +180,23 @@ fn quick_benchmark_produces_sane_outputs() {
                 assert_eq!(b.round_mb_per_s.len(), 2, "{what} {b:?}");
             }
         }
+    }
+    // The daemon's own memory: every host mode with a daemon, from every source, at 100
+    // Services.
+    let daemon_modes: Vec<_> = kp_bench::Mode::HOST
+        .iter()
+        .filter_map(|m| m.daemon_mode())
+        .collect();
+    assert_eq!(
+        report.daemon.len(),
+        daemon_modes.len() * kp_testkit::rss::Source::ALL.len()
+    );
+    for p in &report.daemon {
+        let (hwm, rss) = (p.hwm_mib.unwrap_or_default(), p.rss_mib.unwrap_or_default());
+        assert!(
+            rss > 1.0 && hwm >= rss && hwm < 1024.0,
+            "the daemon's memory was read: {p:?}"
+        );
+        assert_eq!(p.services, 100);
     }
 }

@@ -30,6 +30,12 @@ fn ipvs_quick_benchmark() -> Result<(), Failed> {
         bulk_seconds: 0.0,
         bulk_streams: Vec::new(),
         rounds: 1,
+        // The daemon's memory is not measured in the guest here.
+        daemon_sizes: Vec::new(),
+        daemon_sources: Vec::new(),
+        proxy_binary: None,
+        daemon_timeout: Duration::from_secs(120),
+        daemon_settle: Duration::from_secs(1),
         quick: true,
         command: "quick_vm test".into(),
     };

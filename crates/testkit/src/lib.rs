@@ -17,6 +17,9 @@
 //! * [`vm`]: a qemu guest with Debian's kernel for what this kernel lacks (IPVS, dummy
 //!   links): [`vm::GuestCommand`] runs one command in it, [`vm::run_tests`] is the `main` of
 //!   a `harness = false` test target that runs its trials there (docs/vm.md).
+//! * [`rss`]: the `kube-proxy-rs` daemon's own peak and steady memory (`VmHWM`, `VmRSS`)
+//!   after its first sync, run in a namespace on a synthetic cluster from manifests or the
+//!   test API server ([`rss::measure`]).
 //! * [`builders`]: Services, EndpointSlices and snapshots for unit tests; [`golden`]: the
 //!   bundled seed example and the in-order line check used by the golden tests.
 //!
@@ -49,6 +52,7 @@ pub mod error;
 pub mod golden;
 pub mod netns;
 pub mod process;
+pub mod rss;
 pub mod vm;
 
 pub use backend::{HttpBackend, UdpEchoBackend};
