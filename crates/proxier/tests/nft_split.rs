@@ -4,47 +4,28 @@
 //! payload loaded into another namespace, on a cold sync and on a full resync that adds,
 //! changes and deletes Services. Needs root (CI runs as root).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use kp_model::{IpFamily, NamespacedName, SourceEvent};
-use kp_netfilter::{
-    Backend, Error, Exec, ExecIptables, ExecOutput, IpVersion, Iptables, SystemExec, Table,
-};
+use kp_netfilter::{Backend, ExecIptables, IpVersion, Iptables, RecordingExec, SystemExec, Table};
 use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
 use kp_proxier::{FakeHost, LocalDetector, Proxier};
 use kp_testkit::Netns;
 use kp_testkit::builders::{ServiceBuilder, SliceBuilder};
 
-/// Runs commands inside a namespace and keeps the stdin of every `iptables-nft-restore`.
-struct Recording {
-    inner: SystemExec,
-    restores: Mutex<Vec<String>>,
-}
-
-impl Exec for Recording {
-    fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<ExecOutput, Error> {
-        if argv.first().is_some_and(|a| a.ends_with("-restore"))
-            && let Some(input) = stdin
-        {
-            self.restores
-                .lock()
-                .unwrap()
-                .push(String::from_utf8_lossy(input).into_owned());
-        }
-        self.inner.run(argv, stdin)
-    }
-}
-
-fn proxier(ns: &Netns, split: bool) -> (IptablesProxier<ExecIptables>, Arc<Recording>) {
-    let rec = Arc::new(Recording {
-        inner: SystemExec::with_prefix(
-            ["ip", "netns", "exec", ns.name()]
-                .into_iter()
-                .map(String::from)
-                .collect(),
-        ),
-        restores: Mutex::new(Vec::new()),
-    });
+fn proxier(
+    ns: &Netns,
+    split: bool,
+) -> (
+    IptablesProxier<ExecIptables>,
+    Arc<RecordingExec<SystemExec>>,
+) {
+    let rec = Arc::new(RecordingExec::new(SystemExec::with_prefix(
+        ["ip", "netns", "exec", ns.name()]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+    )));
     let ipt = ExecIptables::with_exec(IpVersion::V4, Backend::Nft, rec.clone());
     let cfg = IptablesConfig {
         local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/16".parse().unwrap()]),
@@ -127,9 +108,9 @@ fn split_full_syncs_load_the_same_rules_as_one_transaction() {
     for p in [&mut split, &mut whole] {
         assert!(p.sync(&snap, &changes).expect("cold sync").full);
     }
-    let sent = split_rec.restores.lock().unwrap().last().cloned().unwrap();
+    let sent = split_rec.last_restore().unwrap();
     assert!(nat_blocks(&sent) >= 10, "{} nat blocks", nat_blocks(&sent));
-    let sent_whole = whole_rec.restores.lock().unwrap().last().cloned().unwrap();
+    let sent_whole = whole_rec.last_restore().unwrap();
     assert_eq!(nat_blocks(&sent_whole), 2, "the nat table and the canary");
     let loaded = tables(&split);
     assert!(
@@ -163,7 +144,7 @@ fn split_full_syncs_load_the_same_rules_as_one_transaction() {
         .collect();
     assert!(reports[0].full && reports[0].deleted_chains >= 1_000);
     assert_eq!(reports[0].deleted_chains, reports[1].deleted_chains);
-    let sent = split_rec.restores.lock().unwrap().last().cloned().unwrap();
+    let sent = split_rec.last_restore().unwrap();
     assert!(sent.contains("\n-X KUBE-SEP-"));
     assert!(nat_blocks(&sent) >= 5, "{} nat blocks", nat_blocks(&sent));
     let loaded = tables(&split);

@@ -7,13 +7,11 @@
 //! fresh full sync writes. Needs root (CI runs as root); every namespace is the test's own.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use kp_model::{IpFamily, NamespacedName, SourceEvent};
-use kp_netfilter::{
-    Backend, Error, Exec, ExecIptables, ExecOutput, IpVersion, Iptables, SystemExec, Table,
-};
+use kp_netfilter::{Backend, ExecIptables, IpVersion, Iptables, RecordingExec, SystemExec, Table};
 use kp_proxier::iptables::tree::Dispatch;
 use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
 use kp_proxier::{FakeHost, LocalDetector, Proxier};
@@ -21,36 +19,19 @@ use kp_testkit::builders::{ServiceBuilder, SliceBuilder};
 use kp_testkit::{Netns, Topology, http_get, require_root};
 use kp_track::Tracker;
 
-/// Runs commands inside a namespace and keeps the stdin of every restore.
-struct Recording {
-    inner: SystemExec,
-    restores: Mutex<Vec<String>>,
-}
-
-impl Exec for Recording {
-    fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<ExecOutput, Error> {
-        if argv.first().is_some_and(|a| a.ends_with("-restore"))
-            && let Some(input) = stdin
-        {
-            self.restores
-                .lock()
-                .unwrap()
-                .push(String::from_utf8_lossy(input).into_owned());
-        }
-        self.inner.run(argv, stdin)
-    }
-}
-
-fn proxier(ns: &Netns, backend: Backend) -> (IptablesProxier<ExecIptables>, Arc<Recording>) {
-    let rec = Arc::new(Recording {
-        inner: SystemExec::with_prefix(
-            ["ip", "netns", "exec", ns.name()]
-                .into_iter()
-                .map(String::from)
-                .collect(),
-        ),
-        restores: Mutex::new(Vec::new()),
-    });
+fn proxier(
+    ns: &Netns,
+    backend: Backend,
+) -> (
+    IptablesProxier<ExecIptables>,
+    Arc<RecordingExec<SystemExec>>,
+) {
+    let rec = Arc::new(RecordingExec::new(SystemExec::with_prefix(
+        ["ip", "netns", "exec", ns.name()]
+            .into_iter()
+            .map(String::from)
+            .collect(),
+    )));
     let ipt = ExecIptables::with_exec(IpVersion::V4, backend, rec.clone());
     let cfg = IptablesConfig {
         local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
@@ -173,7 +154,7 @@ fn run(backend: Backend) {
 
     // The kernel prints every dispatch rule back exactly as it was written.
     let saved = tables(&p);
-    let full = rec.restores.lock().unwrap().last().cloned().unwrap();
+    let full = rec.last_restore().unwrap();
     let written = dispatch_lines(&full);
     assert!(
         written
@@ -225,7 +206,7 @@ fn run(backend: Backend) {
         let (snap, changes) = t.checkout();
         let report = p.sync(&snap, &changes).unwrap();
         assert!(!report.full);
-        let partial = rec.restores.lock().unwrap().last().cloned().unwrap();
+        let partial = rec.last_restore().unwrap();
         let lines = dispatch_lines(&partial);
         assert!(
             !lines.is_empty() && lines.len() <= 12,

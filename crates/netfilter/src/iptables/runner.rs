@@ -282,6 +282,51 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
+/// An [`Exec`] that runs every command through `inner` and keeps the stdin of each
+/// `*-restore` run, as text: for tests that drive a real restore (in a namespace) and check
+/// what it was given.
+pub struct RecordingExec<E> {
+    inner: E,
+    restores: Mutex<Vec<String>>,
+}
+
+impl<E: Exec> RecordingExec<E> {
+    /// Records the restores run through `inner`.
+    pub fn new(inner: E) -> Self {
+        RecordingExec {
+            inner,
+            restores: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The stdin of the last restore, if any ran.
+    pub fn last_restore(&self) -> Option<String> {
+        self.restores
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .last()
+            .cloned()
+    }
+}
+
+impl<E: Exec> Exec for RecordingExec<E> {
+    fn command_line(&self, argv: &[String]) -> String {
+        self.inner.command_line(argv)
+    }
+
+    fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<ExecOutput, Error> {
+        if argv.first().is_some_and(|a| a.ends_with("-restore"))
+            && let Some(input) = stdin
+        {
+            self.restores
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(String::from_utf8_lossy(input).into_owned());
+        }
+        self.inner.run(argv, stdin)
+    }
+}
+
 /// One call recorded by [`ScriptedExec`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecCall {
