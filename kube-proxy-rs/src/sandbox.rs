@@ -422,10 +422,13 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<()> {
     let node_name = match &args.node {
         Some(n) if !set.nodes.is_empty() && !set.nodes.contains_key(n) => {
             let known: Vec<&String> = set.nodes.keys().collect();
-            bail!(
-                "--node {n}: no Node of that name in {} (known: {known:?})",
-                manifest.display()
-            );
+            // Without --manifests, the file read is a temporary copy of the bundled example:
+            // name the example, not a path that is gone once the sandbox exits.
+            let source = match &args.manifests {
+                Some(_) => manifest.display().to_string(),
+                None => "the bundled example (examples/seed-nginx/cluster.yaml)".to_string(),
+            };
+            bail!("--node {n}: no Node of that name in {source} (known: {known:?})");
         }
         Some(n) => n.clone(),
         None => set

@@ -1667,6 +1667,27 @@ fn the_sandbox_reports_a_client_outside_source_ranges_alike_userspace() {
     the_sandbox_reports_a_client_outside_source_ranges_alike(Mode::Userspace);
 }
 
+/// `sandbox --node` with a name the bundled example lacks names the example and its Nodes, not
+/// the temporary copy the sandbox reads (gone when it exits).
+#[test]
+fn the_sandbox_names_the_bundled_example_for_an_unknown_node() {
+    if !require_root() {
+        return;
+    }
+    let out = Command::new(BIN)
+        .args(["sandbox", "--node", "nosuchnode"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("--node nosuchnode: no Node of that name in the bundled example (examples/seed-nginx/cluster.yaml)")
+            && stderr.contains("k8s-master")
+            && !stderr.contains("kube-proxy-rs-sandbox-"),
+        "{stderr}"
+    );
+}
+
 /// The sandbox's pid, from the `kp<pid>x…` namespace names it printed.
 fn out_pid(stdout: &str) -> u32 {
     out_pid_hint(stdout)

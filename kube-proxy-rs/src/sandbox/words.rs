@@ -41,7 +41,7 @@ pub const UNREACHABLE: Word = Word {
 /// Userspace mode's answer when no endpoint takes the connection.
 pub const RESET: Word = Word {
     word: "reset",
-    meaning: "userspace mode: the proxy accepted the connection, found no endpoint that answered, and closed it",
+    meaning: "userspace mode: the proxy accepted the connection, found no endpoint that answered, and closed it; this is userspace mode's word for what the kernel modes answer refused (a Service without endpoints) or timed out (externalTrafficPolicy: Local without an endpoint on this node)",
 };
 
 /// A datagram the node's own rules refused to send.
