@@ -4,13 +4,17 @@
 //! payload loaded into another namespace, on a cold sync and on a full resync that adds,
 //! changes and deletes Services. Needs root (CI runs as root).
 
+mod common;
+
 use std::sync::Arc;
 
 use kp_model::{IpFamily, NamespacedName, SourceEvent};
-use kp_netfilter::{Backend, ExecIptables, IpVersion, Iptables, RecordingExec, SystemExec, Table};
-use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
-use kp_proxier::{FakeHost, LocalDetector, Proxier};
+use kp_netfilter::{Backend, ExecIptables, RecordingExec, SystemExec};
+use kp_proxier::Proxier;
+use kp_proxier::iptables::IptablesProxier;
 use kp_testkit::Netns;
+
+use common::{recorded_proxier, tables};
 use kp_testkit::builders::{ServiceBuilder, SliceBuilder};
 
 fn proxier(
@@ -20,19 +24,7 @@ fn proxier(
     IptablesProxier<ExecIptables>,
     Arc<RecordingExec<SystemExec>>,
 ) {
-    let rec = Arc::new(RecordingExec::new(SystemExec::with_prefix(
-        ["ip", "netns", "exec", ns.name()]
-            .into_iter()
-            .map(String::from)
-            .collect(),
-    )));
-    let ipt = ExecIptables::with_exec(IpVersion::V4, Backend::Nft, rec.clone());
-    let cfg = IptablesConfig {
-        local_detector: LocalDetector::Cidrs(vec!["10.0.0.0/16".parse().unwrap()]),
-        ..IptablesConfig::default()
-    };
-    let mut p = IptablesProxier::new(IpFamily::V4, cfg, ipt, Arc::new(FakeHost::default()))
-        .expect("proxier");
+    let (mut p, rec) = recorded_proxier(ns, Backend::Nft, "10.0.0.0/16");
     if !split {
         p = p.with_split_full_syncs(None);
     }
@@ -64,24 +56,6 @@ fn events(from: usize, to: usize, first_endpoint: usize) -> Vec<SourceEvent> {
             s = s.ready(&format!("10.0.{}.{}", i % 250, e + 1), node);
         }
         out.push(SourceEvent::SliceUpsert(s.build()));
-    }
-    out
-}
-
-/// `iptables-nft-save` of filter and nat without comment lines and chain counters.
-fn tables(p: &IptablesProxier<ExecIptables>) -> String {
-    let mut out = String::new();
-    for t in [Table::Filter, Table::Nat] {
-        for line in p.runner().save(Some(t)).expect("iptables-nft-save").lines() {
-            if line.starts_with('#') {
-                continue;
-            }
-            match line.strip_prefix(':') {
-                Some(decl) => out.push_str(decl.split(' ').next().unwrap_or(decl)),
-                None => out.push_str(line),
-            }
-            out.push('\n');
-        }
     }
     out
 }

@@ -6,18 +6,22 @@
 //! rewrites only the chains on the changed entry's path, after which the kernel holds what a
 //! fresh full sync writes. Needs root (CI runs as root); every namespace is the test's own.
 
+mod common;
+
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use kp_model::{IpFamily, NamespacedName, SourceEvent};
-use kp_netfilter::{Backend, ExecIptables, IpVersion, Iptables, RecordingExec, SystemExec, Table};
+use kp_netfilter::{Backend, ExecIptables, RecordingExec, SystemExec};
+use kp_proxier::Proxier;
+use kp_proxier::iptables::IptablesProxier;
 use kp_proxier::iptables::tree::Dispatch;
-use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
-use kp_proxier::{FakeHost, LocalDetector, Proxier};
 use kp_testkit::builders::{ServiceBuilder, SliceBuilder};
 use kp_testkit::{Netns, Topology, http_get, require_root};
 use kp_track::Tracker;
+
+use common::{recorded_proxier, tables};
 
 fn proxier(
     ns: &Netns,
@@ -26,21 +30,8 @@ fn proxier(
     IptablesProxier<ExecIptables>,
     Arc<RecordingExec<SystemExec>>,
 ) {
-    let rec = Arc::new(RecordingExec::new(SystemExec::with_prefix(
-        ["ip", "netns", "exec", ns.name()]
-            .into_iter()
-            .map(String::from)
-            .collect(),
-    )));
-    let ipt = ExecIptables::with_exec(IpVersion::V4, backend, rec.clone());
-    let cfg = IptablesConfig {
-        local_detector: LocalDetector::Cidrs(vec!["10.244.0.0/16".parse().unwrap()]),
-        ..IptablesConfig::default()
-    };
-    let p = IptablesProxier::new(IpFamily::V4, cfg, ipt, Arc::new(FakeHost::default()))
-        .expect("proxier")
-        .with_dispatch(Dispatch::Tree { leaf_rules: 4 });
-    (p, rec)
+    let (p, rec) = recorded_proxier(ns, backend, "10.244.0.0/16");
+    (p.with_dispatch(Dispatch::Tree { leaf_rules: 4 }), rec)
 }
 
 const SERVICES: usize = 300;
@@ -83,24 +74,6 @@ fn tracker() -> Tracker {
         t.apply(SourceEvent::Synced(k));
     }
     t
-}
-
-/// filter and nat as `iptables-save` prints them, without comments and counters.
-fn tables(p: &IptablesProxier<ExecIptables>) -> String {
-    let mut out = String::new();
-    for t in [Table::Filter, Table::Nat] {
-        for line in p.runner().save(Some(t)).expect("iptables-save").lines() {
-            if line.starts_with('#') {
-                continue;
-            }
-            match line.strip_prefix(':') {
-                Some(decl) => out.push_str(decl.split(' ').next().unwrap_or(decl)),
-                None => out.push_str(line),
-            }
-            out.push('\n');
-        }
-    }
-    out
 }
 
 /// Lines of the payload's nat table that write into `KUBE-SVT-` chains or `KUBE-SERVICES`.
