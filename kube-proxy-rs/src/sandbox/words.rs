@@ -10,8 +10,8 @@
 
 use kp_testkit::ClientError;
 
-/// One word of the report and what it means. `word` is printed as is; a trailing `(…)`
-/// stands for a detail filled in at run time (a latency, an error text, an address).
+/// One word of the report and what it means. `word` is printed as is; a `…` in it stands for
+/// a detail filled in at run time (a latency, an error text, an address, a reason).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Word {
     /// The word as the report prints it.
@@ -94,14 +94,11 @@ pub const WORDS: &[Word] = &[
     PING_UNREACHABLE,
 ];
 
-/// `word` with its `(…)` placeholder replaced by `detail`; the word itself when it has none.
+/// `word` with its `…` placeholder replaced by `detail`; the word itself when it has none.
 pub fn with_detail(word: Word, detail: &str) -> String {
-    match word.word.strip_suffix("(…)") {
-        Some(head) => format!("{head}({detail})"),
-        None => match word.word.split_once('…') {
-            Some((head, tail)) => format!("{head}{detail}{tail}"),
-            None => word.word.to_string(),
-        },
+    match word.word.split_once('…') {
+        Some((head, tail)) => format!("{head}{detail}{tail}"),
+        None => word.word.to_string(),
     }
 }
 
