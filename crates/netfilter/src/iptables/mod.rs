@@ -40,7 +40,7 @@ pub use parse::{
 };
 pub use runner::{
     Backend, Exec, ExecCall, ExecIptables, ExecOutput, Iptables, IptablesVersion, NetfilterBackend,
-    RESTORE_WAIT_SECONDS, RecordingExec, ScriptedExec, SystemExec, Tool,
+    PayloadWriter, RESTORE_WAIT_SECONDS, RecordingExec, ScriptedExec, SystemExec, Tool,
 };
 pub use spec::is_target_name;
 pub use tokenize::tokenize;

@@ -97,6 +97,20 @@ pub trait Iptables: Send + Sync {
     /// with `payload` on stdin. Each `*table ... COMMIT` block is applied atomically;
     /// on failure the error carries the command line, exit status and stderr.
     fn restore(&self, payload: &[u8]) -> Result<(), Error>;
+    /// [`restore`](Self::restore) with the payload written by `payload` as it is produced,
+    /// so that it need not be held in memory whole: the real runner hands it the tool's
+    /// stdin (a pipe), the default collects it into one buffer and calls `restore`.
+    ///
+    /// `payload` should stop at the first write error it gets (a broken pipe means the tool
+    /// exited early; its exit status and stderr are then the error reported).
+    fn restore_with(&self, payload: &mut PayloadWriter<'_>) -> Result<(), Error> {
+        let mut buf = Vec::new();
+        payload(&mut buf).map_err(|source| Error::Io {
+            command: "writing the restore payload".to_string(),
+            source,
+        })?;
+        self.restore(&buf)
+    }
     /// Runs `iptables-save [-t TABLE]` and returns its output.
     fn save(&self, table: Option<Table>) -> Result<String, Error>;
     /// Runs `iptables --version` and parses it.
@@ -121,6 +135,9 @@ impl<T: Iptables + ?Sized> Iptables for Box<T> {
     fn restore(&self, payload: &[u8]) -> Result<(), Error> {
         (**self).restore(payload)
     }
+    fn restore_with(&self, payload: &mut PayloadWriter<'_>) -> Result<(), Error> {
+        (**self).restore_with(payload)
+    }
     fn save(&self, table: Option<Table>) -> Result<String, Error> {
         (**self).save(table)
     }
@@ -131,6 +148,10 @@ impl<T: Iptables + ?Sized> Iptables for Box<T> {
         (**self).chain_exists(table, chain)
     }
 }
+
+/// Writes a command's stdin in pieces (see [`Iptables::restore_with`] and
+/// [`Exec::run_with`]); an error stops the writing.
+pub type PayloadWriter<'a> = dyn FnMut(&mut dyn std::io::Write) -> std::io::Result<()> + 'a;
 
 /// The result of running a command through an [`Exec`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -171,6 +192,24 @@ pub trait Exec: Send + Sync {
     /// Runs one command to completion.
     fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<ExecOutput, Error>;
 
+    /// [`run`](Self::run) with stdin written by `stdin` while the command runs. The default
+    /// collects it into one buffer first; [`SystemExec`] writes it into the child's pipe,
+    /// so a large payload is never held whole. A write error other than a broken pipe (the
+    /// child exited without reading everything; its status tells why) is an
+    /// [`Error::Io`].
+    fn run_with(
+        &self,
+        argv: &[String],
+        stdin: &mut PayloadWriter<'_>,
+    ) -> Result<ExecOutput, Error> {
+        let mut buf = Vec::new();
+        stdin(&mut buf).map_err(|source| Error::Io {
+            command: self.command_line(argv),
+            source,
+        })?;
+        self.run(argv, Some(&buf))
+    }
+
     /// The command line `run(argv, ..)` executes, for error messages (the default is
     /// `argv` joined with spaces, quoting arguments that need it).
     fn command_line(&self, argv: &[String]) -> String {
@@ -207,38 +246,16 @@ impl Exec for SystemExec {
         command_line(&full)
     }
 
+    fn run_with(
+        &self,
+        argv: &[String],
+        stdin: &mut PayloadWriter<'_>,
+    ) -> Result<ExecOutput, Error> {
+        self.run_streaming(argv, stdin)
+    }
+
     fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<ExecOutput, Error> {
-        let full: Vec<String> = self.prefix.iter().chain(argv).cloned().collect();
-        let command = command_line(&full);
-        let Some((program, args)) = full.split_first() else {
-            return Err(Error::Io {
-                command,
-                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
-            });
-        };
-        let mut child = Command::new(program)
-            .args(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| {
-                if source.kind() == std::io::ErrorKind::NotFound {
-                    Error::BinaryNotFound {
-                        binary: program.clone(),
-                        command: command.clone(),
-                    }
-                } else {
-                    Error::Io {
-                        command: command.clone(),
-                        source,
-                    }
-                }
-            })?;
+        let (mut child, command) = self.spawn(argv, stdin.is_some())?;
         let pipe = child.stdin.take();
         let (output, write_result) = std::thread::scope(|s| {
             let writer = s.spawn(move || -> std::io::Result<()> {
@@ -271,6 +288,100 @@ impl Exec for SystemExec {
             status: exit_code(output.status),
             stdout: output.stdout,
             stderr: output.stderr,
+        })
+    }
+}
+
+impl SystemExec {
+    fn spawn(&self, argv: &[String], stdin: bool) -> Result<(std::process::Child, String), Error> {
+        let full: Vec<String> = self.prefix.iter().chain(argv).cloned().collect();
+        let command = command_line(&full);
+        let Some((program, args)) = full.split_first() else {
+            return Err(Error::Io {
+                command,
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
+            });
+        };
+        let child = Command::new(program)
+            .args(args)
+            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|source| {
+                if source.kind() == std::io::ErrorKind::NotFound {
+                    Error::BinaryNotFound {
+                        binary: program.clone(),
+                        command: command.clone(),
+                    }
+                } else {
+                    Error::Io {
+                        command: command.clone(),
+                        source,
+                    }
+                }
+            })?;
+        Ok((child, command))
+    }
+}
+
+/// Reads a child's output pipe to its end (an absent pipe reads as empty).
+fn read_all(pipe: Option<impl std::io::Read>) -> std::io::Result<Vec<u8>> {
+    let mut out = Vec::new();
+    if let Some(mut p) = pipe {
+        p.read_to_end(&mut out)?;
+    }
+    Ok(out)
+}
+
+/// Stdin is written from the calling thread in pieces of up to 64 KiB
+/// ([`std::io::BufWriter`]) while two threads drain stdout and stderr, so neither side can
+/// block the other.
+impl SystemExec {
+    /// See [`Exec::run_with`].
+    fn run_streaming(
+        &self,
+        argv: &[String],
+        stdin: &mut PayloadWriter<'_>,
+    ) -> Result<ExecOutput, Error> {
+        let (mut child, command) = self.spawn(argv, true)?;
+        let pipe = child.stdin.take();
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let (write_result, stdout, stderr) = std::thread::scope(|s| {
+            let out = s.spawn(move || read_all(stdout));
+            let err = s.spawn(move || read_all(stderr));
+            let write_result = match pipe {
+                Some(pipe) => {
+                    let mut w = std::io::BufWriter::with_capacity(64 * 1024, pipe);
+                    // Dropping the writer closes the child's stdin.
+                    stdin(&mut w).and_then(|()| w.flush())
+                }
+                None => Ok(()),
+            };
+            let joined = |h: std::thread::ScopedJoinHandle<'_, std::io::Result<Vec<u8>>>| {
+                h.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("output reader panicked")))
+            };
+            (write_result, joined(out), joined(err))
+        });
+        let status = child.wait().map_err(|source| Error::Io {
+            command: command.clone(),
+            source,
+        })?;
+        let io = |source| Error::Io {
+            command: command.clone(),
+            source,
+        };
+        let (stdout, stderr) = (stdout.map_err(io)?, stderr.map_err(io)?);
+        match write_result {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Err(source) => return Err(Error::Io { command, source }),
+        }
+        Ok(ExecOutput {
+            status: exit_code(status),
+            stdout,
+            stderr,
         })
     }
 }
@@ -494,6 +605,11 @@ impl ExecIptables {
 
     fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<Vec<u8>, Error> {
         let out = self.exec.run(argv, stdin)?;
+        self.check(argv, out)
+    }
+
+    /// The command's stdout, or [`Error::Command`] for a non-zero exit.
+    fn check(&self, argv: &[String], out: ExecOutput) -> Result<Vec<u8>, Error> {
         if out.status != 0 {
             return Err(Error::Command {
                 command: self.exec.command_line(argv),
@@ -522,6 +638,14 @@ impl Iptables for ExecIptables {
         let argv = self.restore_argv(wait);
         tracing::debug!(command = %self.exec.command_line(&argv), bytes = payload.len(), "iptables-restore");
         self.run(&argv, Some(payload)).map(drop)
+    }
+
+    fn restore_with(&self, payload: &mut PayloadWriter<'_>) -> Result<(), Error> {
+        let wait = self.cached_version()?.supports_restore_wait();
+        let argv = self.restore_argv(wait);
+        tracing::debug!(command = %self.exec.command_line(&argv), "iptables-restore (streamed)");
+        let out = self.exec.run_with(&argv, payload)?;
+        self.check(&argv, out).map(drop)
     }
 
     fn save(&self, table: Option<Table>) -> Result<String, Error> {
@@ -567,6 +691,77 @@ impl Iptables for ExecIptables {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn sh(script: &str) -> Vec<String> {
+        vec!["sh".into(), "-c".into(), script.into()]
+    }
+
+    #[test]
+    fn run_with_streams_stdin_while_the_child_reads_it() {
+        // 8 MiB in 1 KiB writes, far more than a pipe holds: the child must be reading
+        // while we write, and its stdout (the byte count) must be drained alongside.
+        let mut writes = 0usize;
+        let out = SystemExec::new()
+            .run_with(&sh("wc -c; echo done >&2"), &mut |w| {
+                let piece = [b'x'; 1024];
+                for _ in 0..8192 {
+                    w.write_all(&piece)?;
+                    writes += 1;
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(out.status, 0);
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "8388608");
+        assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "done");
+        assert_eq!(writes, 8192);
+    }
+
+    #[test]
+    fn run_with_reports_the_status_of_a_child_that_stops_reading() {
+        // The child exits at once with status 3: our writes get a broken pipe, which
+        // stops the writer and is not an error of its own; the status is what counts.
+        let mut stopped = None;
+        let out = SystemExec::new()
+            .run_with(&sh("echo bad input >&2; exit 3"), &mut |w| {
+                let piece = [b'x'; 65536];
+                for i in 0..1024 {
+                    if let Err(e) = w.write_all(&piece) {
+                        stopped = Some((i, e.kind()));
+                        return Err(e);
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(out.status, 3);
+        assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "bad input");
+        let (at, kind) = stopped.expect("the writer saw the broken pipe");
+        assert!(at < 1024);
+        assert_eq!(kind, std::io::ErrorKind::BrokenPipe);
+    }
+
+    #[test]
+    fn run_with_passes_on_a_writer_error() {
+        let err = SystemExec::new()
+            .run_with(&sh("cat >/dev/null"), &mut |_| {
+                Err(std::io::Error::other("render failed"))
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("render failed"), "{err}");
+    }
+
+    #[test]
+    fn the_default_run_with_collects_stdin_for_run() {
+        let exec = ScriptedExec::new(|_, stdin| ExecOutput::ok(stdin.unwrap_or_default().to_vec()));
+        let out = exec
+            .run_with(&["x-restore".to_string()], &mut |w| {
+                w.write_all(b"*nat\n")?;
+                w.write_all(b"COMMIT\n")
+            })
+            .unwrap();
+        assert_eq!(out.stdout, b"*nat\nCOMMIT\n");
+    }
 
     #[test]
     fn parses_versions() {

@@ -349,6 +349,45 @@ impl<I: Iptables> IptablesProxier<I> {
 
     /// What a full sync needs from the kernel: chain names and the rules of the built-in
     /// chains (see [`kernel_table_for_sync`]).
+    /// Runs the restore of a streamed full sync: `parts.head`, the entry rules of the first
+    /// pass (`rendered`), the per-Service rules of a second [`render::Stream::Emit`] pass
+    /// written into the tool's stdin piece by piece, and `parts.tail`. Returns the bytes
+    /// written.
+    fn restore_streamed(
+        &mut self,
+        snap: &Snapshot,
+        cfg: &RenderConfig,
+        rendered: &Rendered,
+        parts: &reconcile::FullParts,
+    ) -> Result<usize, ProxierError> {
+        let cache = &mut self.cache;
+        let mut bytes = 0;
+        self.ipt.restore_with(&mut |w| {
+            w.write_all(parts.head.as_bytes())?;
+            w.write_all(rendered.nat.rules.as_bytes())?;
+            let mut streamed = 0;
+            let mut failed = None;
+            render::render_streamed(
+                snap,
+                cfg,
+                cache,
+                render::Stream::Emit(&mut |piece| {
+                    if failed.is_none() {
+                        streamed += piece.len();
+                        failed = w.write_all(piece.as_bytes()).err();
+                    }
+                }),
+            );
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            w.write_all(parts.tail.as_bytes())?;
+            bytes = parts.head.len() + rendered.nat.rules.len() + streamed + parts.tail.len();
+            Ok(())
+        })?;
+        Ok(bytes)
+    }
+
     fn read_kernel(&self) -> Result<KernelTables, ProxierError> {
         let read = |table: Table| -> Result<KernelTable, ProxierError> {
             let text = self.ipt.save(Some(table))?;
@@ -464,49 +503,77 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
         let read_time = t1.elapsed();
         let t0 = Instant::now();
         let cfg = self.render_config(snap)?;
-        let mut rendered = render::render_cached(
-            snap,
-            &cfg,
-            if full { None } else { Some(&changes.services) },
-            &mut self.cache,
-        );
-        let render_time = t0.elapsed();
-        let t1 = Instant::now();
-        let (payload, stale) = match &kernel {
-            Some(kernel) => reconcile::full_payload_take_with(
-                &mut rendered,
-                Some(kernel),
+        // A full sync in one transaction per table (the legacy backend, or `-Z`) is streamed
+        // into the tool's stdin as it is rendered, so its payload (30 MB at 10,000 Services)
+        // is never held whole; the split of the nf_tables backend needs the whole text.
+        let streamed = full && (self.split.is_none() || self.zero_counters_on_full_sync);
+        let (rendered, render_time, payload_bytes, stale, nat_transactions, t1) = if streamed {
+            let rendered =
+                render::render_streamed(snap, &cfg, &mut self.cache, render::Stream::Measure);
+            let render_time = t0.elapsed();
+            let t1 = Instant::now();
+            let parts = reconcile::full_payload_parts(
+                &rendered,
+                kernel.as_ref(),
                 cfg.kube_firewall,
                 self.zero_counters_on_full_sync,
-            ),
-            None => reconcile::partial_payload(&rendered, &self.previous_chains),
-        };
-        let mut nat_transactions = 1;
-        let payload = match (&kernel, self.split) {
-            (Some(kernel), Some(policy)) if !self.zero_counters_on_full_sync => {
-                let existing = kernel
-                    .nat
-                    .chains
-                    .iter()
-                    .filter(|c| names::is_service_chain(c))
-                    .count();
-                match split::split_full_payload(&payload, &policy, existing) {
-                    Ok(s) => {
-                        nat_transactions = s.nat_transactions;
-                        // Not held while the tool runs.
-                        drop(payload);
-                        s.payload
-                    }
-                    Err(why) => {
-                        debug!(%why, "full sync sent as one nat transaction");
-                        payload
+            );
+            drop(kernel);
+            let bytes = self.restore_streamed(snap, &cfg, &rendered, &parts)?;
+            (rendered, render_time, bytes, parts.stale, 1, t1)
+        } else {
+            let mut rendered = render::render_cached(
+                snap,
+                &cfg,
+                if full { None } else { Some(&changes.services) },
+                &mut self.cache,
+            );
+            let render_time = t0.elapsed();
+            let t1 = Instant::now();
+            let (payload, stale) = match &kernel {
+                Some(kernel) => reconcile::full_payload_take_with(
+                    &mut rendered,
+                    Some(kernel),
+                    cfg.kube_firewall,
+                    self.zero_counters_on_full_sync,
+                ),
+                None => reconcile::partial_payload(&rendered, &self.previous_chains),
+            };
+            let mut nat_transactions = 1;
+            let payload = match (&kernel, self.split) {
+                (Some(kernel), Some(policy)) if !self.zero_counters_on_full_sync => {
+                    let existing = kernel
+                        .nat
+                        .chains
+                        .iter()
+                        .filter(|c| names::is_service_chain(c))
+                        .count();
+                    match split::split_full_payload(&payload, &policy, existing) {
+                        Ok(s) => {
+                            nat_transactions = s.nat_transactions;
+                            // Not held while the tool runs.
+                            drop(payload);
+                            s.payload
+                        }
+                        Err(why) => {
+                            debug!(%why, "full sync sent as one nat transaction");
+                            payload
+                        }
                     }
                 }
-            }
-            _ => payload,
+                _ => payload,
+            };
+            drop(kernel);
+            self.ipt.restore(payload.as_bytes())?;
+            (
+                rendered,
+                render_time,
+                payload.len(),
+                stale,
+                nat_transactions,
+                t1,
+            )
         };
-        drop(kernel);
-        self.ipt.restore(payload.as_bytes())?;
         let apply_time = t1.elapsed() + read_time;
         self.needs_full = false;
         self.previous_chains = rendered.active_nat_chains;
@@ -516,7 +583,7 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
             full,
             service_ports: rendered.service_ports,
             endpoints: rendered.endpoints,
-            payload_bytes: payload.len(),
+            payload_bytes,
             filter_rules: rendered.filter.rule_count,
             nat_rules: rendered.nat_rules_total,
             deleted_chains: stale.len(),

@@ -380,6 +380,34 @@ pub fn full_payload_take_with(
     kube_firewall: bool,
     zero_counters_first: bool,
 ) -> (String, Vec<String>) {
+    let parts = full_payload_parts(rendered, kernel, kube_firewall, zero_counters_first);
+    let rules = std::mem::take(&mut rendered.nat.rules);
+    (assemble_owned(&parts.head, rules, &parts.tail), parts.stale)
+}
+
+/// A full sync's payload in the pieces a streamed sync writes: [`head`](Self::head), then
+/// the nat rules (`Rendered::nat.rules`, and after them whatever a
+/// [`Stream::Emit`](super::render::Stream::Emit) render produces), then
+/// [`tail`](Self::tail).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FullParts {
+    /// The filter table, the nat table's declarations (our chains and the stale ones) and
+    /// the missing jumps from the built-in chains.
+    pub head: String,
+    /// The stale chains' deletions, the nat `COMMIT` and the canary blocks.
+    pub tail: String,
+    /// The stale chains deleted.
+    pub stale: Vec<String>,
+}
+
+/// The head and tail of [`full_payload_take_with`]'s payload, and the stale chains it
+/// deletes; `rendered.nat.rules` is not touched.
+pub fn full_payload_parts(
+    rendered: &Rendered,
+    kernel: Option<&KernelTables>,
+    kube_firewall: bool,
+    zero_counters_first: bool,
+) -> FullParts {
     let stale = stale_in_kernel(kernel, &rendered.active_nat_chains);
     let (head, tail) = head_and_tail(
         &rendered.filter,
@@ -390,8 +418,7 @@ pub fn full_payload_take_with(
         zero_counters_first,
         true,
     );
-    let rules = std::mem::take(&mut rendered.nat.rules);
-    (assemble_owned(&head, rules, &tail), stale)
+    FullParts { head, tail, stale }
 }
 
 /// The payload of a partial sync: `previous` is the set of per-Service chains the last

@@ -151,11 +151,17 @@ const DECL_SUFFIX: &str = " - [0:0]\n";
 pub struct ChainList {
     text: String,
     len: usize,
+    /// Pushes are ignored (the second pass of a streamed render, whose lists are the
+    /// first pass's).
+    off: bool,
 }
 
 impl ChainList {
     /// Appends `name`.
     pub fn push(&mut self, name: &str) {
+        if self.off {
+            return;
+        }
         self.text.push(':');
         self.text.push_str(name);
         self.text.push_str(DECL_SUFFIX);
@@ -278,11 +284,16 @@ pub struct ChainSet {
     names: Vec<ChainName>,
     /// The same names as a set, built on first use and kept up to date after.
     lookup: OnceLock<HashSet<ChainName, FastBuild>>,
+    /// Inserts are ignored (the second pass of a streamed render).
+    off: bool,
 }
 
 impl ChainSet {
     /// Adds a name.
     pub fn insert_name(&mut self, name: ChainName) {
+        if self.off {
+            return;
+        }
         if let Some(set) = self.lookup.get_mut()
             && !set.insert(name)
         {
@@ -770,6 +781,58 @@ pub fn render_cached(
     only: Option<&BTreeSet<NamespacedName>>,
     cache: &mut RenderCache,
 ) -> Rendered {
+    render_impl(snap, cfg, only, cache, None)
+}
+
+/// About how many bytes of per-Service nat rules a streamed render gathers before handing
+/// them to its sink.
+pub const STREAM_PIECE: usize = 256 * 1024;
+
+/// What a streamed render does with the per-Service nat rules.
+pub enum Stream<'a> {
+    /// First pass: count them and drop them. The [`Rendered`] returned is complete but for
+    /// those rules: `nat.rules` holds the fixed chains' and the entry rules (which come first
+    /// in the payload), the declarations, counts and active chains are all there.
+    Measure,
+    /// Second pass: hand them, in payload order, to the sink in pieces of about
+    /// [`STREAM_PIECE`] bytes. The [`Rendered`] returned is only the entry rules and the
+    /// filter table; chain lists and sets are not built (the first pass has them).
+    Emit(&'a mut dyn FnMut(&str)),
+}
+
+/// A full render whose per-Service nat rules (most of a full sync's payload: 30 MB at
+/// 10,000 Services × 10 endpoints) are never held whole. A full sync renders twice with the
+/// same inputs and cache: [`Stream::Measure`] to learn everything the payload's head needs
+/// (the filter table, every chain to declare, the stale chains), then [`Stream::Emit`] while
+/// the payload is written into `iptables-restore`'s stdin. The two passes together write
+/// exactly the bytes of [`render_cached`] with `only = None`: its `nat.rules` is the first
+/// pass's `nat.rules` followed by the second pass's pieces.
+pub fn render_streamed(
+    snap: &Snapshot,
+    cfg: &RenderConfig,
+    cache: &mut RenderCache,
+    stream: Stream<'_>,
+) -> Rendered {
+    match stream {
+        Stream::Measure => render_impl(snap, cfg, None, cache, Some((&mut |_: &str| {}, true))),
+        Stream::Emit(sink) => render_impl(snap, cfg, None, cache, Some((sink, false))),
+    }
+}
+
+/// Where a streamed render's per-Service nat rules go, and whether it keeps chain lists and
+/// sets.
+type Sink<'a> = (&'a mut dyn FnMut(&str), bool);
+
+/// The render; with `sink`, the per-Service nat rules go to the sink in pieces instead of
+/// into the result.
+fn render_impl(
+    snap: &Snapshot,
+    cfg: &RenderConfig,
+    only: Option<&BTreeSet<NamespacedName>>,
+    cache: &mut RenderCache,
+    mut sink: Option<Sink<'_>>,
+) -> Rendered {
+    let keep_chains = sink.as_ref().is_none_or(|(_, keep)| *keep);
     let key = CacheKey {
         cfg: cfg.clone(),
         family: snap.family,
@@ -849,10 +912,18 @@ pub fn render_cached(
     // payload's head (chain declarations, filter table) in `reconcile`, so that neither
     // move reallocates (a reallocation copies the 30 MB and touches fresh pages).
     let head_room = snap.services.len() * 240 + 40 * (2 * snap.services.len() + total_endpoints);
-    svc_nat
-        .rules
-        .reserve(written.min(snap.services.len()) * (300 + per_ep * avg_eps) + head_room);
-    if only.is_none() {
+    if sink.is_some() {
+        // A piece, plus the largest Service that can end one.
+        svc_nat.rules.reserve(STREAM_PIECE + 64 * 1024);
+    } else {
+        svc_nat
+            .rules
+            .reserve(written.min(snap.services.len()) * (300 + per_ep * avg_eps) + head_room);
+    }
+    if !keep_chains {
+        svc_nat.chains.off = true;
+        out.active_nat_chains.off = true;
+    } else if only.is_none() {
         svc_nat
             .chains
             .reserve(snap.services.len() + total_endpoints);
@@ -900,6 +971,12 @@ pub fn render_cached(
                 &mut svc_nat,
                 &mut out.active_nat_chains,
             );
+            if let Some((sink, _)) = sink.as_mut()
+                && svc_nat.rules.len() >= STREAM_PIECE
+            {
+                sink(&svc_nat.rules);
+                svc_nat.rules.clear();
+            }
         } else {
             skipped_rules += skip_service(
                 &ctx,
@@ -988,11 +1065,16 @@ pub fn render_cached(
     }
 
     nat.chains = std::mem::take(&mut svc_nat.chains);
-    // The per-Service chains are most of the text: move the entry rules in front of them
-    // within their buffer rather than copying them into a second one.
-    let mut rules = std::mem::take(&mut svc_nat.rules);
-    rules.insert_str(0, &nat.rules);
-    nat.rules = rules;
+    if let Some((sink, _)) = sink.as_mut() {
+        // The entry rules stay in `nat.rules`; the caller writes them before the pieces.
+        sink(&svc_nat.rules);
+    } else {
+        // The per-Service chains are most of the text: move the entry rules in front of
+        // them within their buffer rather than copying them into a second one.
+        let mut rules = std::mem::take(&mut svc_nat.rules);
+        rules.insert_str(0, &nat.rules);
+        nat.rules = rules;
+    }
     nat.rule_count += svc_nat.rule_count;
     out.nat_rules_total = nat.rule_count + skipped_rules + dispatch_skipped;
     out.filter = filter;

@@ -898,3 +898,84 @@ fn small_clusters_get_upstreams_rules_in_the_tree_layout() {
     assert_eq!(save(&p), save(&up));
     assert_contains_in_chain_order(&save(&p), &rule_lines(SEED_EXPECTED_IPTABLES));
 }
+
+/// 1,200 Services × 4 endpoints, every third with a NodePort: a payload of several
+/// [`render::STREAM_PIECE`]s.
+fn many_services(t: &mut Tracker) {
+    for i in 0..1200u32 {
+        let name = format!("svc-{i}");
+        let cip = format!("10.96.{}.{}", i / 250, i % 250 + 1);
+        let mut b = ServiceBuilder::new(&name, &cip).tcp("", 80);
+        if i % 3 == 0 {
+            b = b.node_port(30000 + i as u16);
+        }
+        t.apply(SourceEvent::ServiceUpsert(b.build()));
+        let eps: Vec<(String, &str)> = (0..4)
+            .map(|j| {
+                (
+                    format!("10.1.{}.{}", i / 60, (i % 60) * 4 + j + 1),
+                    "k8s-master",
+                )
+            })
+            .collect();
+        let eps: Vec<(&str, &str)> = eps.iter().map(|(a, n)| (a.as_str(), *n)).collect();
+        t.apply(SourceEvent::SliceUpsert(slice(&name, 8080, &eps)));
+    }
+}
+
+#[test]
+fn a_streamed_full_sync_writes_the_payload_of_one_buffer() {
+    for dispatch in [
+        tree::Dispatch::Upstream,
+        tree::Dispatch::Tree { leaf_rules: 16 },
+    ] {
+        let fake = FakeIptables::new(IpVersion::V4);
+        fake.restore(
+            b"*nat\n:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]\n:MY-CHAIN - [0:0]\n\
+              -A MY-CHAIN -j RETURN\nCOMMIT\n",
+        )
+        .unwrap();
+        let kernel = KernelTables {
+            filter: kernel_table_for_sync(&fake.save(Some(Table::Filter)).unwrap(), Table::Filter)
+                .unwrap(),
+            nat: kernel_table_for_sync(&fake.save(Some(Table::Nat)).unwrap(), Table::Nat).unwrap(),
+        };
+        let mut t = tracker();
+        many_services(&mut t);
+        // One transaction per table, as on the legacy backend: the streamed path.
+        let mut p = proxier(fake)
+            .with_dispatch(dispatch)
+            .with_split_full_syncs(None);
+        let (snap, changes) = t.checkout();
+        let report = p.sync(&snap, &changes).unwrap();
+        let sent = p.runner().last_payload().unwrap();
+        let cfg = p.render_config(&snap).unwrap();
+        let (expected, stale) = reconcile::full_payload(
+            &render::render(&snap, &cfg, None),
+            Some(&kernel),
+            cfg.kube_firewall,
+        );
+        assert!(
+            sent.len() > 4 * render::STREAM_PIECE,
+            "{} bytes",
+            sent.len()
+        );
+        assert_eq!(
+            String::from_utf8(sent.clone()).unwrap(),
+            expected,
+            "{dispatch:?}"
+        );
+        assert_eq!(report.payload_bytes, sent.len());
+        assert_eq!((report.deleted_chains, stale.len()), (1, 1));
+        // The next sync is partial and sees the chains of this one.
+        t.apply(SourceEvent::SliceUpsert(slice(
+            "svc-7",
+            8080,
+            &[("10.1.0.99", "k8s-master")],
+        )));
+        let (snap, changes) = t.checkout();
+        let report = p.sync(&snap, &changes).unwrap();
+        assert!(!report.full);
+        assert_eq!(report.deleted_chains, 4, "svc-7's four old endpoint chains");
+    }
+}

@@ -661,3 +661,63 @@ fn tree_partial_render_writes_only_changed_dispatch_chains() {
     assert_eq!(r.nat_rules_total, fresh.nat_rules_total);
     assert_eq!(r.active_nat_chains, fresh.active_nat_chains);
 }
+
+#[test]
+fn a_streamed_render_is_the_render_in_pieces() {
+    let mut services = Vec::new();
+    let mut slices = Vec::new();
+    for i in 0..1200u32 {
+        let name = format!("s{i}");
+        let cip = format!("10.96.{}.{}", i / 200, i % 200 + 1);
+        services.push(service(
+            &name,
+            &cip,
+            80,
+            (i % 4 == 0).then_some(30000 + i as u16),
+        ));
+        let eps: Vec<(String, &str)> = (0..3)
+            .map(|j| {
+                (
+                    format!("10.2.{}.{}", i / 80, (i % 80) * 3 + j + 1),
+                    "k8s-master",
+                )
+            })
+            .collect();
+        let eps: Vec<(&str, &str)> = eps.iter().map(|(a, n)| (a.as_str(), *n)).collect();
+        slices.push(slice(&name, 8080, &eps));
+    }
+    let snap = snapshot(IpFamily::V4, services, slices);
+    for cfg in [cluster_cidr(), tree_cfg(16)] {
+        let whole = render(&snap, &cfg, None);
+        let mut cache = RenderCache::new();
+        let first = render_streamed(&snap, &cfg, &mut cache, Stream::Measure);
+        let mut pieces = Vec::new();
+        let second = render_streamed(
+            &snap,
+            &cfg,
+            &mut cache,
+            Stream::Emit(&mut |p: &str| pieces.push(p.to_string())),
+        );
+        assert!(pieces.len() >= 3, "{} pieces", pieces.len());
+        assert!(pieces.iter().all(|p| p.len() < STREAM_PIECE + 64 * 1024));
+        assert_eq!(
+            format!("{}{}", first.nat.rules, pieces.concat()),
+            whole.nat.rules
+        );
+        // The first pass has everything else of the whole render; the second keeps no
+        // chain lists.
+        let rest = |r: &Rendered| {
+            (
+                r.filter.clone(),
+                r.nat.chains.clone(),
+                r.nat.rule_count,
+                r.active_nat_chains.clone(),
+                r.nat_rules_total,
+            )
+        };
+        assert_eq!(rest(&first), rest(&whole));
+        assert_eq!(second.nat.rules, first.nat.rules);
+        assert!(second.active_nat_chains.is_empty());
+        assert!(second.nat.chains.len() * 4 < first.nat.chains.len());
+    }
+}
