@@ -363,7 +363,10 @@ impl<I: Iptables> IptablesProxier<I> {
         let cache = &mut self.cache;
         let mut bytes = 0;
         self.ipt.restore_with(&mut |w| {
-            w.write_all(parts.head.as_bytes())?;
+            let head = parts.head(rendered);
+            for piece in head {
+                w.write_all(piece.as_bytes())?;
+            }
             w.write_all(rendered.nat.rules.as_bytes())?;
             let mut streamed = 0;
             let mut failed = None;
@@ -382,7 +385,10 @@ impl<I: Iptables> IptablesProxier<I> {
                 return Err(e);
             }
             w.write_all(parts.tail.as_bytes())?;
-            bytes = parts.head.len() + rendered.nat.rules.len() + streamed + parts.tail.len();
+            bytes = head.iter().map(|p| p.len()).sum::<usize>()
+                + rendered.nat.rules.len()
+                + streamed
+                + parts.tail.len();
             Ok(())
         })?;
         Ok(bytes)

@@ -381,27 +381,41 @@ pub fn full_payload_take_with(
     zero_counters_first: bool,
 ) -> (String, Vec<String>) {
     let parts = full_payload_parts(rendered, kernel, kube_firewall, zero_counters_first);
+    let head = parts.head(rendered).concat();
     let rules = std::mem::take(&mut rendered.nat.rules);
-    (assemble_owned(&parts.head, rules, &parts.tail), parts.stale)
+    (assemble_owned(&head, rules, &parts.tail), parts.stale)
 }
 
-/// A full sync's payload in the pieces a streamed sync writes: [`head`](Self::head), then
+/// A full sync's payload in the pieces a streamed sync writes: [`head`](Self::head) (whose
+/// middle is the nat chain declarations, borrowed from the render rather than copied), then
 /// the nat rules (`Rendered::nat.rules`, and after them whatever a
-/// [`Stream::Emit`](super::render::Stream::Emit) render produces), then
-/// [`tail`](Self::tail).
+/// [`Stream::Emit`](super::render::Stream::Emit) render produces), then [`tail`](Self::tail).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FullParts {
-    /// The filter table, the nat table's declarations (our chains and the stale ones) and
-    /// the missing jumps from the built-in chains.
-    pub head: String,
+    /// The filter table and the `*nat` line (with `-Z` when zeroing counters).
+    pub head_start: String,
+    /// After the declarations of our chains: the stale chains' declarations and the missing
+    /// jumps from the built-in chains.
+    pub head_end: String,
     /// The stale chains' deletions, the nat `COMMIT` and the canary blocks.
     pub tail: String,
     /// The stale chains deleted.
     pub stale: Vec<String>,
 }
 
+impl FullParts {
+    /// The head's pieces, in order, with `rendered`'s declarations in the middle.
+    pub fn head<'a>(&'a self, rendered: &'a Rendered) -> [&'a str; 3] {
+        [
+            &self.head_start,
+            rendered.nat.chains.declarations(),
+            &self.head_end,
+        ]
+    }
+}
+
 /// The head and tail of [`full_payload_take_with`]'s payload, and the stale chains it
-/// deletes; `rendered.nat.rules` is not touched.
+/// deletes; `rendered` is not touched.
 pub fn full_payload_parts(
     rendered: &Rendered,
     kernel: Option<&KernelTables>,
@@ -409,16 +423,40 @@ pub fn full_payload_parts(
     zero_counters_first: bool,
 ) -> FullParts {
     let stale = stale_in_kernel(kernel, &rendered.active_nat_chains);
-    let (head, tail) = head_and_tail(
-        &rendered.filter,
-        &missing_jumps("filter", kernel.map(|k| &k.filter), kube_firewall),
-        &rendered.nat,
-        &missing_jumps("nat", kernel.map(|k| &k.nat), kube_firewall),
-        &stale,
-        zero_counters_first,
-        true,
+    let filter = &rendered.filter;
+    let filter_head = missing_jumps("filter", kernel.map(|k| &k.filter), kube_firewall);
+    let mut head_start = String::with_capacity(
+        filter.rules.len() + filter_head.len() + 40 * filter.chains.len() + 64,
     );
-    FullParts { head, tail, stale }
+    head_start.push_str("*filter\n");
+    if zero_counters_first {
+        head_start.push_str("-Z\n");
+    }
+    head_start.push_str(filter.chains.declarations());
+    head_start.push_str(&filter_head);
+    head_start.push_str(&filter.rules);
+    head_start.push_str("COMMIT\n*nat\n");
+    if zero_counters_first {
+        head_start.push_str("-Z\n");
+    }
+    // A stale chain must be declared (flushing it) before it can be deleted.
+    let mut head_end = String::with_capacity(40 * stale.len() + 1024);
+    write_decls(&mut head_end, &stale);
+    head_end.push_str(&missing_jumps("nat", kernel.map(|k| &k.nat), kube_firewall));
+    let mut tail = String::with_capacity(stale.len() * 32 + 8 + CANARY_BLOCKS.len());
+    for c in &stale {
+        tail.push_str("-X ");
+        tail.push_str(c);
+        tail.push('\n');
+    }
+    tail.push_str("COMMIT\n");
+    tail.push_str(CANARY_BLOCKS);
+    FullParts {
+        head_start,
+        head_end,
+        tail,
+        stale,
+    }
 }
 
 /// The payload of a partial sync: `previous` is the set of per-Service chains the last

@@ -979,3 +979,75 @@ fn a_streamed_full_sync_writes_the_payload_of_one_buffer() {
         assert_eq!(report.deleted_chains, 4, "svc-7's four old endpoint chains");
     }
 }
+
+/// A runner that records how a restore's payload arrives: the largest single write and
+/// whether it came through [`Iptables::restore_with`].
+struct Pieces {
+    inner: FakeIptables,
+    largest_write: std::sync::Mutex<Option<usize>>,
+}
+
+struct Largest<'a>(&'a mut Vec<u8>, usize);
+
+impl std::io::Write for Largest<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.1 = self.1.max(buf.len());
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Iptables for Pieces {
+    fn ip_version(&self) -> IpVersion {
+        self.inner.ip_version()
+    }
+    fn restore(&self, payload: &[u8]) -> Result<(), kp_netfilter::Error> {
+        self.inner.restore(payload)
+    }
+    fn restore_with(
+        &self,
+        payload: &mut kp_netfilter::PayloadWriter<'_>,
+    ) -> Result<(), kp_netfilter::Error> {
+        let mut buf = Vec::new();
+        let mut w = Largest(&mut buf, 0);
+        payload(&mut w).unwrap();
+        *self.largest_write.lock().unwrap() = Some(w.1);
+        self.inner.restore(&buf)
+    }
+    fn save(&self, table: Option<Table>) -> Result<String, kp_netfilter::Error> {
+        self.inner.save(table)
+    }
+    fn version(&self) -> Result<kp_netfilter::IptablesVersion, kp_netfilter::Error> {
+        self.inner.version()
+    }
+    fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, kp_netfilter::Error> {
+        self.inner.chain_exists(table, chain)
+    }
+}
+
+#[test]
+fn a_full_sync_on_the_legacy_backend_never_writes_its_payload_whole() {
+    let mut t = tracker();
+    many_services(&mut t);
+    let runner = Pieces {
+        inner: FakeIptables::new(IpVersion::V4),
+        largest_write: std::sync::Mutex::new(None),
+    };
+    let mut p = IptablesProxier::new(IpFamily::V4, cfg(), runner, Arc::new(FakeHost::default()))
+        .unwrap()
+        .with_split_full_syncs(None);
+    let (snap, changes) = t.checkout();
+    let report = p.sync(&snap, &changes).unwrap();
+    let largest = p.runner().largest_write.lock().unwrap().take();
+    let largest = largest.expect("the full sync went through restore_with");
+    assert!(report.payload_bytes > 3 * render::STREAM_PIECE);
+    // The largest piece is the chain declarations, which the render holds anyway.
+    assert!(
+        largest < report.payload_bytes / 3,
+        "largest write {largest} of {} bytes",
+        report.payload_bytes
+    );
+}
