@@ -220,9 +220,10 @@ pub trait Exec: Send + Sync {
 /// Runs real processes (looked up on `PATH`), optionally behind a prefix such as
 /// `ip netns exec NAME`.
 ///
-/// Stdin is written from a separate thread while stdout and stderr are collected, so
-/// a child that exits early (or never reads) cannot make the caller hang; a broken pipe
-/// while writing is ignored in favour of the child's exit status.
+/// Stdin is written from the calling thread (through a 64 KiB [`std::io::BufWriter`]) while
+/// two threads drain stdout and stderr, so a child that exits early (or never reads) cannot
+/// make the caller hang; a broken pipe while writing is ignored in favour of the child's exit
+/// status.
 #[derive(Debug, Clone, Default)]
 pub struct SystemExec {
     prefix: Vec<String>,
@@ -251,44 +252,14 @@ impl Exec for SystemExec {
         argv: &[String],
         stdin: &mut PayloadWriter<'_>,
     ) -> Result<ExecOutput, Error> {
-        self.run_streaming(argv, stdin)
+        self.run_streaming(argv, Some(stdin))
     }
 
     fn run(&self, argv: &[String], stdin: Option<&[u8]>) -> Result<ExecOutput, Error> {
-        let (mut child, command) = self.spawn(argv, stdin.is_some())?;
-        let pipe = child.stdin.take();
-        let (output, write_result) = std::thread::scope(|s| {
-            let writer = s.spawn(move || -> std::io::Result<()> {
-                if let (Some(mut pipe), Some(data)) = (pipe, stdin) {
-                    pipe.write_all(data)?;
-                    // Dropping `pipe` closes the child's stdin.
-                }
-                Ok(())
-            });
-            let output = child.wait_with_output();
-            let write_result = writer.join();
-            (output, write_result)
-        });
-        let output = output.map_err(|source| Error::Io {
-            command: command.clone(),
-            source,
-        })?;
-        match write_result {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
-            Ok(Err(source)) => return Err(Error::Io { command, source }),
-            Err(_) => {
-                return Err(Error::Io {
-                    command,
-                    source: std::io::Error::other("stdin writer thread panicked"),
-                });
-            }
+        match stdin {
+            Some(data) => self.run_streaming(argv, Some(&mut |w| w.write_all(data))),
+            None => self.run_streaming(argv, None),
         }
-        Ok(ExecOutput {
-            status: exit_code(output.status),
-            stdout: output.stdout,
-            stderr: output.stderr,
-        })
     }
 }
 
@@ -334,29 +305,26 @@ fn read_all(pipe: Option<impl std::io::Read>) -> std::io::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Stdin is written from the calling thread in pieces of up to 64 KiB
-/// ([`std::io::BufWriter`]) while two threads drain stdout and stderr, so neither side can
-/// block the other.
 impl SystemExec {
-    /// See [`Exec::run_with`].
+    /// Runs `argv` with stdin written by `stdin` (none: `/dev/null`). See [`Exec::run_with`].
     fn run_streaming(
         &self,
         argv: &[String],
-        stdin: &mut PayloadWriter<'_>,
+        stdin: Option<&mut PayloadWriter<'_>>,
     ) -> Result<ExecOutput, Error> {
-        let (mut child, command) = self.spawn(argv, true)?;
+        let (mut child, command) = self.spawn(argv, stdin.is_some())?;
         let pipe = child.stdin.take();
         let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         let (write_result, stdout, stderr) = std::thread::scope(|s| {
             let out = s.spawn(move || read_all(stdout));
             let err = s.spawn(move || read_all(stderr));
-            let write_result = match pipe {
-                Some(pipe) => {
+            let write_result = match (pipe, stdin) {
+                (Some(pipe), Some(stdin)) => {
                     let mut w = std::io::BufWriter::with_capacity(64 * 1024, pipe);
                     // Dropping the writer closes the child's stdin.
                     stdin(&mut w).and_then(|()| w.flush())
                 }
-                None => Ok(()),
+                _ => Ok(()),
             };
             let joined = |h: std::thread::ScopedJoinHandle<'_, std::io::Result<Vec<u8>>>| {
                 h.join()
