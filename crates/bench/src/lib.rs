@@ -226,24 +226,31 @@ pub fn render_payload(mode: Mode, snap: &Snapshot) -> (String, Duration) {
                 ..iptables_render_config()
             };
             let t = Instant::now();
-            let mut r = kp_proxier::iptables::render::render(snap, &cfg, None);
-            let (payload, _) = kp_proxier::iptables::reconcile::full_payload_take_with(
-                &mut r,
-                None,
-                cfg.kube_firewall,
-                mode == Mode::IptablesNftZero,
-            );
-            // What the nf_tables backend sends a fresh node by default.
+            // What the nf_tables backend sends a fresh node by default: the split payload of
+            // the proxier's full sync (two render passes, as it streams it).
             let payload = if matches!(mode, Mode::IptablesNft | Mode::IptablesNftTree) {
-                let policy = kp_proxier::iptables::reconcile::split::NFT_SPLIT;
-                match kp_proxier::iptables::reconcile::split::split_full_payload(
-                    &payload, &policy, 0,
-                ) {
-                    Ok(split) => split.payload,
-                    Err(_) => payload,
-                }
+                use kp_proxier::iptables::reconcile::{full, split};
+                full::payload(
+                    snap,
+                    &cfg,
+                    &mut kp_proxier::iptables::render::RenderCache::new(),
+                    None,
+                    &full::Options {
+                        kube_firewall: cfg.kube_firewall,
+                        zero_counters: false,
+                        split: Some(split::NFT_SPLIT),
+                    },
+                )
+                .0
             } else {
-                payload
+                let mut r = kp_proxier::iptables::render::render(snap, &cfg, None);
+                kp_proxier::iptables::reconcile::full_payload_take_with(
+                    &mut r,
+                    None,
+                    cfg.kube_firewall,
+                    mode == Mode::IptablesNftZero,
+                )
+                .0
             };
             (payload, t.elapsed())
         }

@@ -30,7 +30,7 @@ fn proxier(
     IptablesProxier<ExecIptables>,
     Arc<RecordingExec<SystemExec>>,
 ) {
-    let (p, rec) = recorded_proxier(ns, backend, "10.244.0.0/16");
+    let (p, rec) = recorded_proxier(ns, backend, IpFamily::V4, &["10.244.0.0/16"]);
     (p.with_dispatch(Dispatch::Tree { leaf_rules: 4 }), rec)
 }
 

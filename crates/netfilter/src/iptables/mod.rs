@@ -40,7 +40,8 @@ pub use parse::{
 };
 pub use runner::{
     Backend, Exec, ExecCall, ExecIptables, ExecOutput, Iptables, IptablesVersion, NetfilterBackend,
-    PayloadWriter, RESTORE_WAIT_SECONDS, RecordingExec, ScriptedExec, SystemExec, Tool,
+    OutputReader, PayloadWriter, RESTORE_WAIT_SECONDS, RecordingExec, ScriptedExec, SystemExec,
+    Tool,
 };
 pub use spec::is_target_name;
 pub use tokenize::tokenize;

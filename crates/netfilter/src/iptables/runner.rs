@@ -113,6 +113,20 @@ pub trait Iptables: Send + Sync {
     }
     /// Runs `iptables-save [-t TABLE]` and returns its output.
     fn save(&self, table: Option<Table>) -> Result<String, Error>;
+    /// [`save`](Self::save) with the output handed to `output` as the tool prints it, so
+    /// that it need not be held in memory whole (30 MB for the nat table of 10,000 Services):
+    /// the real runner hands it the tool's stdout (a pipe, buffered), the default calls
+    /// `save` and hands it that text.
+    ///
+    /// An error `output` returns stops the reading; it is reported as [`Error::Io`] unless
+    /// the tool itself failed (then its exit status and stderr are the error).
+    fn save_with(&self, table: Option<Table>, output: &mut OutputReader<'_>) -> Result<(), Error> {
+        let text = self.save(table)?;
+        output(&mut text.as_bytes()).map_err(|source| Error::Io {
+            command: "reading the iptables-save output".to_string(),
+            source,
+        })
+    }
     /// Runs `iptables --version` and parses it.
     fn version(&self) -> Result<IptablesVersion, Error>;
     /// Whether `chain` exists in `table`: `iptables -w 5 -t TABLE -S CHAIN`, which lists that
@@ -141,6 +155,9 @@ impl<T: Iptables + ?Sized> Iptables for Box<T> {
     fn save(&self, table: Option<Table>) -> Result<String, Error> {
         (**self).save(table)
     }
+    fn save_with(&self, table: Option<Table>, output: &mut OutputReader<'_>) -> Result<(), Error> {
+        (**self).save_with(table, output)
+    }
     fn version(&self) -> Result<IptablesVersion, Error> {
         (**self).version()
     }
@@ -152,6 +169,10 @@ impl<T: Iptables + ?Sized> Iptables for Box<T> {
 /// Writes a command's stdin in pieces (see [`Iptables::restore_with`] and
 /// [`Exec::run_with`]); an error stops the writing.
 pub type PayloadWriter<'a> = dyn FnMut(&mut dyn std::io::Write) -> std::io::Result<()> + 'a;
+
+/// Reads a command's stdout as it is printed (see [`Iptables::save_with`] and
+/// [`Exec::run_reading`]); an error stops the reading.
+pub type OutputReader<'a> = dyn FnMut(&mut dyn std::io::BufRead) -> std::io::Result<()> + 'a;
 
 /// The result of running a command through an [`Exec`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -210,6 +231,28 @@ pub trait Exec: Send + Sync {
         self.run(argv, Some(&buf))
     }
 
+    /// [`run`](Self::run) without stdin, with stdout handed to `stdout` while the command
+    /// runs instead of collected (the [`ExecOutput`] returned has an empty `stdout`). The
+    /// default runs the command to completion first and hands over what it printed;
+    /// [`SystemExec`] reads the child's pipe, so a large output is never held whole. An
+    /// error of `stdout` is an [`Error::Io`], unless the command exited non-zero (its status
+    /// and stderr tell more).
+    fn run_reading(
+        &self,
+        argv: &[String],
+        stdout: &mut OutputReader<'_>,
+    ) -> Result<ExecOutput, Error> {
+        let mut out = self.run(argv, None)?;
+        let printed = std::mem::take(&mut out.stdout);
+        if out.status == 0 {
+            stdout(&mut printed.as_slice()).map_err(|source| Error::Io {
+                command: self.command_line(argv),
+                source,
+            })?;
+        }
+        Ok(out)
+    }
+
     /// The command line `run(argv, ..)` executes, for error messages (the default is
     /// `argv` joined with spaces, quoting arguments that need it).
     fn command_line(&self, argv: &[String]) -> String {
@@ -260,6 +303,52 @@ impl Exec for SystemExec {
             Some(data) => self.run_streaming(argv, Some(&mut |w| w.write_all(data))),
             None => self.run_streaming(argv, None),
         }
+    }
+
+    fn run_reading(
+        &self,
+        argv: &[String],
+        stdout: &mut OutputReader<'_>,
+    ) -> Result<ExecOutput, Error> {
+        let (mut child, command) = self.spawn(argv, false)?;
+        let (out, stderr) = (child.stdout.take(), child.stderr.take());
+        let (read_result, stderr) = std::thread::scope(|s| {
+            let err = s.spawn(move || read_all(stderr));
+            let read_result = match out {
+                Some(pipe) => {
+                    let mut r = std::io::BufReader::with_capacity(64 * 1024, pipe);
+                    let result = stdout(&mut r);
+                    // Whatever the reader left (it stopped early) is drained, so that the
+                    // child can finish printing and exit.
+                    let _ = std::io::copy(&mut r, &mut std::io::sink());
+                    result
+                }
+                None => Ok(()),
+            };
+            let stderr = err
+                .join()
+                .unwrap_or_else(|_| Err(std::io::Error::other("stderr reader panicked")));
+            (read_result, stderr)
+        });
+        let status = child.wait().map_err(|source| Error::Io {
+            command: command.clone(),
+            source,
+        })?;
+        let stderr = stderr.map_err(|source| Error::Io {
+            command: command.clone(),
+            source,
+        })?;
+        let status = exit_code(status);
+        if status == 0
+            && let Err(source) = read_result
+        {
+            return Err(Error::Io { command, source });
+        }
+        Ok(ExecOutput {
+            status,
+            stdout: Vec::new(),
+            stderr,
+        })
     }
 }
 
@@ -404,6 +493,14 @@ impl<E: Exec> Exec for RecordingExec<E> {
         }
         self.inner.run(argv, stdin)
     }
+
+    fn run_reading(
+        &self,
+        argv: &[String],
+        stdout: &mut OutputReader<'_>,
+    ) -> Result<ExecOutput, Error> {
+        self.inner.run_reading(argv, stdout)
+    }
 }
 
 /// One call recorded by [`ScriptedExec`].
@@ -492,7 +589,8 @@ pub enum Tool {
 ///   another iptables invocation instead of failing at once. The `--wait=N` form is used
 ///   because older restores parse `-w` with an *optional* argument, where `-w 5` would
 ///   read `5` as the input file name. The version is asked once and cached.
-/// * `save` runs `iptables-save` or `iptables-save -t TABLE`.
+/// * `save` runs `iptables-save` or `iptables-save -t TABLE`; `save_with` runs the same and
+///   hands its stdout over as it is printed.
 /// * `version` runs `iptables --version`.
 /// * `chain_exists` runs `iptables -w 5 -t TABLE -S CHAIN` (`-w 5` only when the version
 ///   supports waiting, as for `restore`): status 0 → `true`, 1 → `false`.
@@ -627,6 +725,16 @@ impl Iptables for ExecIptables {
             .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
     }
 
+    fn save_with(&self, table: Option<Table>, output: &mut OutputReader<'_>) -> Result<(), Error> {
+        let mut argv = vec![self.binary(Tool::Save)];
+        if let Some(t) = table {
+            argv.push("-t".to_string());
+            argv.push(t.name().to_string());
+        }
+        let out = self.exec.run_reading(&argv, output)?;
+        self.check(&argv, out).map(drop)
+    }
+
     fn version(&self) -> Result<IptablesVersion, Error> {
         let argv = vec![self.binary(Tool::Main), "--version".to_string()];
         let out = self.run(&argv, None)?;
@@ -717,6 +825,85 @@ mod tests {
             })
             .unwrap_err();
         assert!(err.to_string().contains("render failed"), "{err}");
+    }
+
+    #[test]
+    fn run_reading_hands_over_stdout_while_the_child_prints_it() {
+        // 200,000 lines (about 7 MB), far more than a pipe holds: read line by line from
+        // the child's pipe, never collected; stderr drained alongside.
+        let mut lines = 0usize;
+        let mut longest = 0usize;
+        let out = SystemExec::new()
+            .run_reading(
+                &sh("seq -f 'line %g of the output, padded to be longer' 200000; echo done >&2"),
+                &mut |r| {
+                    let mut line = String::new();
+                    while r.read_line(&mut line)? > 0 {
+                        lines += 1;
+                        longest = longest.max(line.len());
+                        line.clear();
+                    }
+                    Ok(())
+                },
+            )
+            .unwrap();
+        assert_eq!(out.status, 0);
+        assert!(out.stdout.is_empty());
+        assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "done");
+        assert_eq!(lines, 200_000);
+        assert!(longest < 64, "{longest}");
+    }
+
+    #[test]
+    fn run_reading_reports_a_reader_error_and_lets_the_child_finish() {
+        // The reader gives up after one line; the rest is drained so the child exits.
+        let err = SystemExec::new()
+            .run_reading(&sh("seq 1 500000"), &mut |r| {
+                let mut line = String::new();
+                r.read_line(&mut line)?;
+                Err(std::io::Error::other(format!("bad line {}", line.trim())))
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("bad line 1"), "{err}");
+        // A command that fails is reported by its status, whatever the reader said.
+        let out = SystemExec::new()
+            .run_reading(&sh("echo partial; echo broken >&2; exit 4"), &mut |_| {
+                Err(std::io::Error::other("unreadable"))
+            })
+            .unwrap();
+        assert_eq!(out.status, 4);
+        assert_eq!(String::from_utf8_lossy(&out.stderr).trim(), "broken");
+    }
+
+    #[test]
+    fn save_with_streams_iptables_save_through_the_exec() {
+        let exec = Arc::new(ScriptedExec::new(|argv, _| {
+            match argv.last().map(String::as_str) {
+                Some("--version") => ExecOutput::ok("iptables v1.8.9 (nf_tables)\n"),
+                Some("nat") => ExecOutput::ok("*nat\n:KUBE-SERVICES - [0:0]\nCOMMIT\n"),
+                _ => ExecOutput::failed(1, "iptables-save: bad table"),
+            }
+        }));
+        let ipt = ExecIptables::with_exec(IpVersion::V4, Backend::Nft, exec.clone());
+        let mut got = Vec::new();
+        ipt.save_with(Some(Table::Nat), &mut |r| {
+            let mut line = String::new();
+            while r.read_line(&mut line)? > 0 {
+                got.push(line.trim_end().to_string());
+                line.clear();
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, ["*nat", ":KUBE-SERVICES - [0:0]", "COMMIT"]);
+        let err = ipt
+            .save_with(Some(Table::Mangle), &mut |_| Ok(()))
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Command { status: 1, stderr, .. } if stderr.contains("bad table")),
+            "{err}"
+        );
+        assert_eq!(exec.calls()[0].argv.join(" "), "iptables-nft-save -t nat");
     }
 
     #[test]

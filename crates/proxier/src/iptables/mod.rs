@@ -38,8 +38,9 @@ use kp_netlink::{ConntrackOps, NfacctOps};
 use tracing::{debug, info, warn};
 
 use crate::{Host, LocalDetector, NodePortAddresses, Proxier, ProxierError, ProxyMode, SyncReport};
+use reconcile::digest::TableReader;
 use reconcile::split::{self, SplitPolicy};
-use reconcile::{CleanupPlan, KernelTable, KernelTables};
+use reconcile::{CleanupPlan, KernelTable, KernelTables, full};
 use render::{ChainSet, RenderCache, RenderConfig, Rendered};
 
 /// Settings of iptables mode, named after kube-proxy's flags.
@@ -347,57 +348,53 @@ impl<I: Iptables> IptablesProxier<I> {
         }
     }
 
-    /// What a full sync needs from the kernel: chain names and the rules of the built-in
-    /// chains (see [`kernel_table_for_sync`]).
-    /// Runs the restore of a streamed full sync: `parts.head`, the entry rules of the first
-    /// pass (`rendered`), the per-Service rules of a second [`render::Stream::Emit`] pass
-    /// written into the tool's stdin piece by piece, and `parts.tail`. Returns the bytes
-    /// written.
-    fn restore_streamed(
+    /// Runs the restore of a full sync: `plan`'s payload, written by a [`full::Writer`] into
+    /// the tool's stdin during a second [`render::Stream::Emit`] pass, a Service at a time.
+    /// Returns the bytes and the nat transactions written.
+    fn restore_full(
         &mut self,
         snap: &Snapshot,
         cfg: &RenderConfig,
         rendered: &Rendered,
-        parts: &reconcile::FullParts,
-    ) -> Result<usize, ProxierError> {
+        plan: &full::FullSync,
+        kernel: &KernelTables,
+    ) -> Result<(usize, usize), ProxierError> {
         let cache = &mut self.cache;
-        let mut bytes = 0;
+        let mut written = (0, 0);
         self.ipt.restore_with(&mut |w| {
-            let head = parts.head(rendered);
-            for piece in head {
-                w.write_all(piece.as_bytes())?;
-            }
-            w.write_all(rendered.nat.rules.as_bytes())?;
-            let mut streamed = 0;
-            let mut failed = None;
+            let mut out = full::Writer::new(plan, rendered, Some(kernel), w);
+            out.start();
             render::render_streamed(
                 snap,
                 cfg,
                 cache,
-                render::Stream::Emit(&mut |piece| {
-                    if failed.is_none() {
-                        streamed += piece.len();
-                        failed = w.write_all(piece.as_bytes()).err();
-                    }
-                }),
+                render::Stream::Emit(&mut |s| out.service(s)),
             );
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            w.write_all(parts.tail.as_bytes())?;
-            bytes = head.iter().map(|p| p.len()).sum::<usize>()
-                + rendered.nat.rules.len()
-                + streamed
-                + parts.tail.len();
+            written = out.finish()?;
             Ok(())
         })?;
-        Ok(bytes)
+        Ok(written)
     }
 
+    /// Reads the filter and nat tables for a full sync: `iptables-save -t TABLE` read line
+    /// by line from the tool's stdout ([`Iptables::save_with`]) into the rules of the
+    /// built-in chains and the digests of our chains ([`TableReader`]); the dump (30 MB for
+    /// the nat table at 10,000 Services) is never held.
     fn read_kernel(&self) -> Result<KernelTables, ProxierError> {
         let read = |table: Table| -> Result<KernelTable, ProxierError> {
-            let text = self.ipt.save(Some(table))?;
-            kernel_table_for_sync(&text, table)
+            let mut reader = TableReader::new(table);
+            self.ipt.save_with(Some(table), &mut |r| {
+                let mut line = Vec::with_capacity(256);
+                loop {
+                    line.clear();
+                    if r.read_until(b'\n', &mut line)? == 0 {
+                        return Ok(());
+                    }
+                    let text = String::from_utf8_lossy(&line);
+                    reader.line(text.trim_end_matches('\n'));
+                }
+            })?;
+            reader.finish()
         };
         Ok(KernelTables {
             filter: read(Table::Filter)?,
@@ -495,10 +492,8 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
         let full = self.needs_full || changes.full_resync_needed;
         // Until this sync succeeds, the next one must be full.
         self.needs_full = true;
-        // A full sync reads the kernel first, so that the iptables-save text is freed before
-        // the ruleset is rendered (the two are the largest allocations of a sync).
         let t1 = Instant::now();
-        let kernel = if full {
+        let mut kernel = if full {
             Some(self.read_kernel()?)
         } else {
             None
@@ -509,77 +504,52 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
         let read_time = t1.elapsed();
         let t0 = Instant::now();
         let cfg = self.render_config(snap)?;
-        // A full sync in one transaction per table (the legacy backend, or `-Z`) is streamed
-        // into the tool's stdin as it is rendered, so its payload (30 MB at 10,000 Services)
-        // is never held whole; the split of the nf_tables backend needs the whole text.
-        let streamed = full && (self.split.is_none() || self.zero_counters_on_full_sync);
-        let (rendered, render_time, payload_bytes, stale, nat_transactions, t1) = if streamed {
-            let rendered =
-                render::render_streamed(snap, &cfg, &mut self.cache, render::Stream::Measure);
-            let render_time = t0.elapsed();
-            let t1 = Instant::now();
-            let parts = reconcile::full_payload_parts(
-                &rendered,
-                kernel.as_ref(),
-                cfg.kube_firewall,
-                self.zero_counters_on_full_sync,
-            );
-            drop(kernel);
-            let bytes = self.restore_streamed(snap, &cfg, &rendered, &parts)?;
-            (rendered, render_time, bytes, parts.stale, 1, t1)
-        } else {
-            let mut rendered = render::render_cached(
-                snap,
-                &cfg,
-                if full { None } else { Some(&changes.services) },
-                &mut self.cache,
-            );
-            let render_time = t0.elapsed();
-            let t1 = Instant::now();
-            let (payload, stale) = match &kernel {
-                Some(kernel) => reconcile::full_payload_take_with(
-                    &mut rendered,
-                    Some(kernel),
-                    cfg.kube_firewall,
-                    self.zero_counters_on_full_sync,
-                ),
-                None => reconcile::partial_payload(&rendered, &self.previous_chains),
-            };
-            let mut nat_transactions = 1;
-            let payload = match (&kernel, self.split) {
-                (Some(kernel), Some(policy)) if !self.zero_counters_on_full_sync => {
-                    let existing = kernel
-                        .nat
-                        .chains
-                        .iter()
-                        .filter(|c| names::is_service_chain(c))
-                        .count();
-                    match split::split_full_payload(&payload, &policy, existing) {
-                        Ok(s) => {
-                            nat_transactions = s.nat_transactions;
-                            // Not held while the tool runs.
-                            drop(payload);
-                            s.payload
-                        }
-                        Err(why) => {
-                            debug!(%why, "full sync sent as one nat transaction");
-                            payload
-                        }
-                    }
+        let (rendered, render_time, payload_bytes, stale, nat_transactions, kept_chains, t1) =
+            if let Some(kernel) = kernel.as_mut() {
+                // A full sync compares every chain with the kernel and writes the payload into
+                // the tool's stdin while the render goes (see `reconcile::full`); its payload
+                // (30 MB at 10,000 Services on a fresh node) is never held whole.
+                let opts = full::Options {
+                    kube_firewall: cfg.kube_firewall,
+                    zero_counters: self.zero_counters_on_full_sync,
+                    split: self.split,
+                };
+                let mut measure = full::Measure::new(Some(&mut kernel.nat.ours));
+                let rendered = render::render_streamed(
+                    snap,
+                    &cfg,
+                    &mut self.cache,
+                    render::Stream::Measure(&mut |s| measure.service(s)),
+                );
+                let measured = measure.finish();
+                let plan = full::plan(&rendered, Some(kernel), &measured, &opts);
+                if let Some(why) = &plan.unsplit {
+                    debug!(%why, "full sync sent as one nat transaction");
                 }
-                _ => payload,
+                let render_time = t0.elapsed();
+                let t1 = Instant::now();
+                let (bytes, nat_transactions) =
+                    self.restore_full(snap, &cfg, &rendered, &plan, kernel)?;
+                let kept = plan.kept_chains;
+                (
+                    rendered,
+                    render_time,
+                    bytes,
+                    plan.stale,
+                    nat_transactions,
+                    kept,
+                    t1,
+                )
+            } else {
+                let rendered =
+                    render::render_cached(snap, &cfg, Some(&changes.services), &mut self.cache);
+                let render_time = t0.elapsed();
+                let t1 = Instant::now();
+                let (payload, stale) = reconcile::partial_payload(&rendered, &self.previous_chains);
+                self.ipt.restore(payload.as_bytes())?;
+                (rendered, render_time, payload.len(), stale, 1, 0, t1)
             };
-            drop(kernel);
-            self.ipt.restore(payload.as_bytes())?;
-            (
-                rendered,
-                render_time,
-                payload.len(),
-                stale,
-                nat_transactions,
-                t1,
-            )
-        };
+        drop(kernel);
         let apply_time = t1.elapsed() + read_time;
         self.needs_full = false;
         self.previous_chains = rendered.active_nat_chains;
@@ -604,6 +574,7 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
             endpoints = report.endpoints,
             bytes = report.payload_bytes,
             deleted_chains = report.deleted_chains,
+            kept_chains,
             nat_transactions,
             render_ms = %format!("{:.3}", render_time.as_secs_f64() * 1e3),
             apply_ms = %format!("{:.3}", apply_time.as_secs_f64() * 1e3),

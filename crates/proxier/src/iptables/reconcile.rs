@@ -2,9 +2,13 @@
 //! `iptables-restore --noflush` payload (on the nf_tables backend, [`split`] cuts a large
 //! full sync's nat table into several transactions within that payload).
 //!
-//! - A *full* sync declares (and so flushes) every chain we own, writes all rules, adds the
-//!   jump rules from the built-in chains that are missing, and deletes stale per-Service
-//!   chains found in the kernel (`iptables-save`).
+//! - A *full* sync reads the kernel's tables (`iptables-save`, as a stream), declares (and so
+//!   flushes) and writes every chain we own whose kernel contents differ from the render
+//!   (compared by [`digest`]; an unchanged chain is left alone, its counters with it), adds
+//!   the jump rules from the built-in chains that are missing, and deletes stale per-Service
+//!   chains. Its payload is written into the tool's stdin while the render goes ([`full`]).
+//!   [`full_payload`] is upstream's payload in one buffer, every chain rewritten (dry runs,
+//!   benchmarks, and the tests' reference).
 //! - A *partial* sync declares only the fixed chains and the per-Service chains of Services
 //!   that changed; other Services' chains are left untouched in the kernel; chains that the
 //!   previous sync wrote and this one no longer uses are deleted.
@@ -28,6 +32,8 @@ use super::names::{
 };
 use super::render::{ChainSet, Rendered, TableRules};
 
+pub mod digest;
+pub mod full;
 pub mod split;
 
 /// Where a jump rule goes in its built-in chain.
@@ -180,10 +186,14 @@ pub struct KernelTables {
 /// One table of [`KernelTables`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct KernelTable {
-    /// Chains that exist (built-in and user-defined).
+    /// Chains that exist (built-in and user-defined), but for those in `ours`.
     pub chains: BTreeSet<String>,
-    /// Every rule, `(chain, canonical rule line, jump target if any)`, in kernel order.
+    /// Every rule, `(chain, canonical rule line, jump target if any)`, in kernel order (a
+    /// full sync's reading keeps only the built-in chains' rules).
     pub rules: Vec<(String, String, Option<String>)>,
+    /// Our chains (`KUBE-…`) with the digest of their rules, when read by a full sync of
+    /// iptables mode ([`digest::TableReader`]; they are then not in `chains`).
+    pub ours: digest::OurChains,
 }
 
 impl KernelTable {
@@ -257,18 +267,23 @@ impl ChainNames for ChainSet {
 }
 
 /// Stale per-Service and dispatch tree chains: those in the kernel's nat table that the
-/// ruleset no longer uses.
+/// ruleset no longer uses, sorted.
 fn stale_in_kernel(kernel: Option<&KernelTables>, active: &ChainSet) -> Vec<String> {
-    kernel
-        .map(|k| {
-            k.nat
-                .chains
-                .iter()
-                .filter(|c| is_dynamic_chain(c) && !active.contains(c))
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default()
+    let Some(k) = kernel else {
+        return Vec::new();
+    };
+    let mut stale: Vec<String> = k
+        .nat
+        .chains
+        .iter()
+        .map(String::as_str)
+        .chain(k.nat.ours.names())
+        .filter(|c| is_dynamic_chain(c) && !active.contains(c))
+        .map(str::to_string)
+        .collect();
+    stale.sort_unstable();
+    stale.dedup();
+    stale
 }
 
 /// The payload text before the nat rules (filter table, nat declarations and jumps) and
@@ -337,9 +352,11 @@ fn assemble_copy(head: &str, nat_rules: &str, tail: &str) -> String {
     out
 }
 
-/// The payload of a full sync. `kernel` is the state read with `iptables-save` (or `None` to
-/// assume a node without any of our rules); `kube_firewall` says whether `KUBE-FIREWALL` and
-/// its jumps are ours in this family. Returns the payload and the stale chains it deletes.
+/// Upstream's payload of a full sync, in one buffer: every chain we own declared and
+/// written, whatever the kernel holds (the proxier's own full sync leaves out the unchanged
+/// ones, see [`full`]). `kernel` is the state read with `iptables-save` (or `None` to assume a
+/// node without any of our rules); `kube_firewall` says whether `KUBE-FIREWALL` and its jumps
+/// are ours in this family. Returns the payload and the stale chains it deletes.
 pub fn full_payload(
     rendered: &Rendered,
     kernel: Option<&KernelTables>,
@@ -380,83 +397,18 @@ pub fn full_payload_take_with(
     kube_firewall: bool,
     zero_counters_first: bool,
 ) -> (String, Vec<String>) {
-    let parts = full_payload_parts(rendered, kernel, kube_firewall, zero_counters_first);
-    let head = parts.head(rendered).concat();
-    let rules = std::mem::take(&mut rendered.nat.rules);
-    (assemble_owned(&head, rules, &parts.tail), parts.stale)
-}
-
-/// A full sync's payload in the pieces a streamed sync writes: [`head`](Self::head) (whose
-/// middle is the nat chain declarations, borrowed from the render rather than copied), then
-/// the nat rules (`Rendered::nat.rules`, and after them whatever a
-/// [`Stream::Emit`](super::render::Stream::Emit) render produces), then [`tail`](Self::tail).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FullParts {
-    /// The filter table and the `*nat` line (with `-Z` when zeroing counters).
-    pub head_start: String,
-    /// After the declarations of our chains: the stale chains' declarations and the missing
-    /// jumps from the built-in chains.
-    pub head_end: String,
-    /// The stale chains' deletions, the nat `COMMIT` and the canary blocks.
-    pub tail: String,
-    /// The stale chains deleted.
-    pub stale: Vec<String>,
-}
-
-impl FullParts {
-    /// The head's pieces, in order, with `rendered`'s declarations in the middle.
-    pub fn head<'a>(&'a self, rendered: &'a Rendered) -> [&'a str; 3] {
-        [
-            &self.head_start,
-            rendered.nat.chains.declarations(),
-            &self.head_end,
-        ]
-    }
-}
-
-/// The head and tail of [`full_payload_take_with`]'s payload, and the stale chains it
-/// deletes; `rendered` is not touched.
-pub fn full_payload_parts(
-    rendered: &Rendered,
-    kernel: Option<&KernelTables>,
-    kube_firewall: bool,
-    zero_counters_first: bool,
-) -> FullParts {
     let stale = stale_in_kernel(kernel, &rendered.active_nat_chains);
-    let filter = &rendered.filter;
-    let filter_head = missing_jumps("filter", kernel.map(|k| &k.filter), kube_firewall);
-    let mut head_start = String::with_capacity(
-        filter.rules.len() + filter_head.len() + 40 * filter.chains.len() + 64,
+    let (head, tail) = head_and_tail(
+        &rendered.filter,
+        &missing_jumps("filter", kernel.map(|k| &k.filter), kube_firewall),
+        &rendered.nat,
+        &missing_jumps("nat", kernel.map(|k| &k.nat), kube_firewall),
+        &stale,
+        zero_counters_first,
+        true,
     );
-    head_start.push_str("*filter\n");
-    if zero_counters_first {
-        head_start.push_str("-Z\n");
-    }
-    head_start.push_str(filter.chains.declarations());
-    head_start.push_str(&filter_head);
-    head_start.push_str(&filter.rules);
-    head_start.push_str("COMMIT\n*nat\n");
-    if zero_counters_first {
-        head_start.push_str("-Z\n");
-    }
-    // A stale chain must be declared (flushing it) before it can be deleted.
-    let mut head_end = String::with_capacity(40 * stale.len() + 1024);
-    write_decls(&mut head_end, &stale);
-    head_end.push_str(&missing_jumps("nat", kernel.map(|k| &k.nat), kube_firewall));
-    let mut tail = String::with_capacity(stale.len() * 32 + 8 + CANARY_BLOCKS.len());
-    for c in &stale {
-        tail.push_str("-X ");
-        tail.push_str(c);
-        tail.push('\n');
-    }
-    tail.push_str("COMMIT\n");
-    tail.push_str(CANARY_BLOCKS);
-    FullParts {
-        head_start,
-        head_end,
-        tail,
-        stale,
-    }
+    let rules = std::mem::take(&mut rendered.nat.rules);
+    (assemble_owned(&head, rules, &tail), stale)
 }
 
 /// The payload of a partial sync: `previous` is the set of per-Service chains the last

@@ -151,17 +151,11 @@ const DECL_SUFFIX: &str = " - [0:0]\n";
 pub struct ChainList {
     text: String,
     len: usize,
-    /// Pushes are ignored (the second pass of a streamed render, whose lists are the
-    /// first pass's).
-    off: bool,
 }
 
 impl ChainList {
     /// Appends `name`.
     pub fn push(&mut self, name: &str) {
-        if self.off {
-            return;
-        }
         self.text.push(':');
         self.text.push_str(name);
         self.text.push_str(DECL_SUFFIX);
@@ -187,6 +181,15 @@ impl ChainList {
     pub fn clear(&mut self) {
         self.text.clear();
         self.len = 0;
+    }
+
+    /// Removes the names pushed since [`declarations`](Self::declarations) was `len` bytes
+    /// long.
+    pub fn truncate(&mut self, len: usize) {
+        if let Some(removed) = self.text.get(len..) {
+            self.len -= removed.matches('\n').count();
+            self.text.truncate(len);
+        }
     }
 
     /// The names, in order.
@@ -784,29 +787,39 @@ pub fn render_cached(
     render_impl(snap, cfg, only, cache, None)
 }
 
-/// About how many bytes of per-Service nat rules a streamed render gathers before handing
-/// them to its sink.
-pub const STREAM_PIECE: usize = 256 * 1024;
+/// One Service's own nat chains (`KUBE-SVC-`, `KUBE-SVL-`, `KUBE-EXT-`, `KUBE-FW-`,
+/// `KUBE-SEP-`), as a streamed render hands them over: a Service's chains are contiguous in
+/// the render, and jump only to each other and to `KUBE-MARK-MASQ`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServiceRules<'a> {
+    /// Their declaration lines (`:NAME - [0:0]\n` each), in the render's order.
+    pub chains: &'a str,
+    /// Their rules (`-A …\n` lines), in payload order.
+    pub rules: &'a str,
+}
 
-/// What a streamed render does with the per-Service nat rules.
+/// What a streamed render does with the per-Service nat chains: hands each Service's to a
+/// sink, in payload order, instead of keeping them.
 pub enum Stream<'a> {
-    /// First pass: count them and drop them. The [`Rendered`] returned is complete but for
-    /// those rules: `nat.rules` holds the fixed chains' and the entry rules (which come first
-    /// in the payload), the declarations, counts and active chains are all there.
-    Measure,
-    /// Second pass: hand them, in payload order, to the sink in pieces of about
-    /// [`STREAM_PIECE`] bytes. The [`Rendered`] returned is only the entry rules and the
-    /// filter table; chain lists and sets are not built (the first pass has them).
-    Emit(&'a mut dyn FnMut(&str)),
+    /// First pass. The [`Rendered`] returned is complete but for the per-Service rules:
+    /// `nat.rules` holds the fixed chains' and the entry rules (which come first in the
+    /// payload); the declarations, counts and active chains are all there.
+    Measure(&'a mut dyn FnMut(ServiceRules<'_>)),
+    /// Second pass. The [`Rendered`] returned is only the entry rules and the filter table;
+    /// the chain list holds the fixed chains only and the set of active chains is not built
+    /// (the first pass has them).
+    Emit(&'a mut dyn FnMut(ServiceRules<'_>)),
 }
 
 /// A full render whose per-Service nat rules (most of a full sync's payload: 30 MB at
-/// 10,000 Services × 10 endpoints) are never held whole. A full sync renders twice with the
-/// same inputs and cache: [`Stream::Measure`] to learn everything the payload's head needs
-/// (the filter table, every chain to declare, the stale chains), then [`Stream::Emit`] while
-/// the payload is written into `iptables-restore`'s stdin. The two passes together write
-/// exactly the bytes of [`render_cached`] with `only = None`: its `nat.rules` is the first
-/// pass's `nat.rules` followed by the second pass's pieces.
+/// 10,000 Services × 10 endpoints) are never held whole: each Service's chains go to a sink
+/// as soon as they are written. A full sync renders twice with the same inputs and cache:
+/// [`Stream::Measure`] to learn everything the payload's head needs (the filter table, the
+/// chains to declare, the stale chains, which chains the kernel already holds), then
+/// [`Stream::Emit`] while the payload is written into `iptables-restore`'s stdin. Either
+/// pass hands over exactly the text of [`render_cached`] with `only = None`: its
+/// `nat.rules` is the returned `nat.rules` followed by every Service's `rules`, its
+/// declarations the fixed chains' followed by every Service's `chains`.
 pub fn render_streamed(
     snap: &Snapshot,
     cfg: &RenderConfig,
@@ -814,14 +827,14 @@ pub fn render_streamed(
     stream: Stream<'_>,
 ) -> Rendered {
     match stream {
-        Stream::Measure => render_impl(snap, cfg, None, cache, Some((&mut |_: &str| {}, true))),
+        Stream::Measure(sink) => render_impl(snap, cfg, None, cache, Some((sink, true))),
         Stream::Emit(sink) => render_impl(snap, cfg, None, cache, Some((sink, false))),
     }
 }
 
-/// Where a streamed render's per-Service nat rules go, and whether it keeps chain lists and
+/// Where a streamed render's per-Service chains go, and whether it keeps chain lists and
 /// sets.
-type Sink<'a> = (&'a mut dyn FnMut(&str), bool);
+type Sink<'a> = (&'a mut dyn FnMut(ServiceRules<'_>), bool);
 
 /// The render; with `sink`, the per-Service nat rules go to the sink in pieces instead of
 /// into the result.
@@ -913,15 +926,14 @@ fn render_impl(
     // move reallocates (a reallocation copies the 30 MB and touches fresh pages).
     let head_room = snap.services.len() * 240 + 40 * (2 * snap.services.len() + total_endpoints);
     if sink.is_some() {
-        // A piece, plus the largest Service that can end one.
-        svc_nat.rules.reserve(STREAM_PIECE + 64 * 1024);
+        // One Service at a time.
+        svc_nat.rules.reserve(64 * 1024);
     } else {
         svc_nat
             .rules
             .reserve(written.min(snap.services.len()) * (300 + per_ep * avg_eps) + head_room);
     }
     if !keep_chains {
-        svc_nat.chains.off = true;
         out.active_nat_chains.off = true;
     } else if only.is_none() {
         svc_nat
@@ -959,6 +971,7 @@ fn render_impl(
                 .or_insert_with(|| CachedService::fresh(spn))
         };
         if write {
+            let mark = svc_nat.chains.declarations().len();
             write_service(
                 &ctx,
                 snap,
@@ -971,11 +984,19 @@ fn render_impl(
                 &mut svc_nat,
                 &mut out.active_nat_chains,
             );
-            if let Some((sink, _)) = sink.as_mut()
-                && svc_nat.rules.len() >= STREAM_PIECE
-            {
-                sink(&svc_nat.rules);
+            if let Some((sink, keep)) = sink.as_mut() {
+                sink(ServiceRules {
+                    chains: svc_nat
+                        .chains
+                        .declarations()
+                        .get(mark..)
+                        .unwrap_or_default(),
+                    rules: &svc_nat.rules,
+                });
                 svc_nat.rules.clear();
+                if !*keep {
+                    svc_nat.chains.truncate(mark);
+                }
             }
         } else {
             skipped_rules += skip_service(
@@ -1065,10 +1086,9 @@ fn render_impl(
     }
 
     nat.chains = std::mem::take(&mut svc_nat.chains);
-    if let Some((sink, _)) = sink.as_mut() {
-        // The entry rules stay in `nat.rules`; the caller writes them before the pieces.
-        sink(&svc_nat.rules);
-    } else {
+    // With a sink, the entry rules stay in `nat.rules` (the caller writes them before the
+    // Services' chains, which it has had).
+    if sink.is_none() {
         // The per-Service chains are most of the text: move the entry rules in front of
         // them within their buffer rather than copying them into a second one.
         let mut rules = std::mem::take(&mut svc_nat.rules);

@@ -111,6 +111,11 @@ fn resync_without_changes_is_identical_and_partial() {
     };
     assert!(p.sync(&snap, &full).unwrap().full);
     assert_eq!(save(&p), before);
+    // ... and names none of our chains but the canaries: every chain is as rendered.
+    assert_eq!(
+        String::from_utf8(p.runner().last_payload().unwrap()).unwrap(),
+        format!("*filter\nCOMMIT\n*nat\nCOMMIT\n{}", canary::CANARY_BLOCKS)
+    );
 }
 
 #[test]
@@ -626,6 +631,18 @@ fn big_cluster_events(n: usize) -> Vec<SourceEvent> {
     out
 }
 
+/// `big-i`'s slice with its 10 endpoints moved to 10.0.(i % 250).(first..first + 10).
+fn big_moved(i: usize, first: usize) -> SourceEvent {
+    let name = format!("big-{i}");
+    let mut s = SliceBuilder::new(&name)
+        .named(&format!("{name}-x"))
+        .port("", 8080);
+    for e in 0..10 {
+        s = s.ready(&format!("10.0.{}.{}", i % 250, first + e), "k8s-worker");
+    }
+    SourceEvent::SliceUpsert(s.build())
+}
+
 fn nat_blocks(payload: &[u8]) -> usize {
     String::from_utf8_lossy(payload).matches("*nat\n").count()
 }
@@ -658,13 +675,25 @@ fn the_legacy_backend_keeps_one_transaction_and_nft_splits_large_full_syncs() {
         nat_blocks(&nft_payload)
     );
     assert_eq!(save(&nft), save(&leg), "the same rules either way");
-    // A full resync over the loaded table is split too; a partial sync never is.
+    // A full resync over the unchanged table rewrites nothing: one empty nat transaction.
     let full = Changes {
         full_resync_needed: true,
         ..Changes::default()
     };
     nft.sync(&snap, &full).unwrap();
+    let resync = String::from_utf8(nft.runner().last_payload().unwrap()).unwrap();
+    assert_eq!(nat_blocks(resync.as_bytes()), 2, "{resync}");
+    assert!(!resync.contains(":KUBE-SVC-") && !resync.contains(":KUBE-SERVICES"));
+    // One that rewrites many Services is split too; a partial sync never is.
+    for i in 0..90 {
+        t.apply(big_moved(i, 30));
+    }
+    let (snap, _) = t.checkout();
+    for p in [&mut nft, &mut leg] {
+        assert!(p.sync(&snap, &full).unwrap().full);
+    }
     assert!(nat_blocks(&nft.runner().last_payload().unwrap()) >= 3);
+    assert_eq!(nat_blocks(&leg.runner().last_payload().unwrap()), 2);
     assert_eq!(save(&nft), save(&leg));
     t.apply(SourceEvent::ServiceDelete(NamespacedName::new(
         "default", "big-7",
@@ -714,6 +743,10 @@ fn a_failed_transaction_of_a_split_sync_leaves_a_correct_state_and_forces_a_full
         80,
         &[("10.0.9.9", "k8s-worker")],
     )));
+    // Enough other changes for the resync to be split.
+    for i in 10..90 {
+        t.apply(big_moved(i, 30));
+    }
     let (snap, mut changes) = t.checkout();
     changes.full_resync_needed = true;
     let err = p.sync(&snap, &changes).unwrap_err();
@@ -735,6 +768,9 @@ fn a_failed_transaction_of_a_split_sync_leaves_a_correct_state_and_forces_a_full
     let report = p.sync(&snap, &Changes::default()).unwrap();
     assert!(report.full);
     assert!(report.deleted_chains >= 11, "{}", report.deleted_chains);
+    let mut fresh = proxier(FakeIptables::new(IpVersion::V4));
+    fresh.sync(&snap, &Changes::default()).unwrap();
+    assert_eq!(save(&p), save(&fresh));
     assert!(!p.runner().save(Some(Table::Nat)).unwrap().contains(&svc3));
 }
 
@@ -955,11 +991,7 @@ fn a_streamed_full_sync_writes_the_payload_of_one_buffer() {
             Some(&kernel),
             cfg.kube_firewall,
         );
-        assert!(
-            sent.len() > 4 * render::STREAM_PIECE,
-            "{} bytes",
-            sent.len()
-        );
+        assert!(sent.len() > 1 << 20, "{} bytes", sent.len());
         assert_eq!(
             String::from_utf8(sent.clone()).unwrap(),
             expected,
@@ -980,11 +1012,23 @@ fn a_streamed_full_sync_writes_the_payload_of_one_buffer() {
     }
 }
 
-/// A runner that records how a restore's payload arrives: the largest single write and
-/// whether it came through [`Iptables::restore_with`].
+/// A runner that records how a restore's payload arrives (the largest single write, and
+/// whether it came through [`Iptables::restore_with`]) and how the tables are read (whole
+/// dumps through [`Iptables::save`], as opposed to [`Iptables::save_with`]).
 struct Pieces {
     inner: FakeIptables,
     largest_write: std::sync::Mutex<Option<usize>>,
+    whole_saves: std::sync::atomic::AtomicUsize,
+}
+
+impl Pieces {
+    fn new(inner: FakeIptables) -> Self {
+        Pieces {
+            inner,
+            largest_write: std::sync::Mutex::new(None),
+            whole_saves: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
 }
 
 struct Largest<'a>(&'a mut Vec<u8>, usize);
@@ -1014,11 +1058,21 @@ impl Iptables for Pieces {
         let mut buf = Vec::new();
         let mut w = Largest(&mut buf, 0);
         payload(&mut w).unwrap();
-        *self.largest_write.lock().unwrap() = Some(w.1);
+        let mut largest = self.largest_write.lock().unwrap();
+        *largest = Some(largest.unwrap_or(0).max(w.1));
         self.inner.restore(&buf)
     }
     fn save(&self, table: Option<Table>) -> Result<String, kp_netfilter::Error> {
+        self.whole_saves
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.save(table)
+    }
+    fn save_with(
+        &self,
+        table: Option<Table>,
+        output: &mut kp_netfilter::OutputReader<'_>,
+    ) -> Result<(), kp_netfilter::Error> {
+        self.inner.save_with(table, output)
     }
     fn version(&self) -> Result<kp_netfilter::IptablesVersion, kp_netfilter::Error> {
         self.inner.version()
@@ -1032,22 +1086,247 @@ impl Iptables for Pieces {
 fn a_full_sync_on_the_legacy_backend_never_writes_its_payload_whole() {
     let mut t = tracker();
     many_services(&mut t);
-    let runner = Pieces {
-        inner: FakeIptables::new(IpVersion::V4),
-        largest_write: std::sync::Mutex::new(None),
-    };
-    let mut p = IptablesProxier::new(IpFamily::V4, cfg(), runner, Arc::new(FakeHost::default()))
-        .unwrap()
-        .with_split_full_syncs(None);
+    let runner = Pieces::new(FakeIptables::new(IpVersion::V4).with_version(legacy()));
+    let mut p =
+        IptablesProxier::new(IpFamily::V4, cfg(), runner, Arc::new(FakeHost::default())).unwrap();
     let (snap, changes) = t.checkout();
     let report = p.sync(&snap, &changes).unwrap();
     let largest = p.runner().largest_write.lock().unwrap().take();
     let largest = largest.expect("the full sync went through restore_with");
-    assert!(report.payload_bytes > 3 * render::STREAM_PIECE);
+    assert!(report.payload_bytes > 1 << 20);
     // The largest piece is the chain declarations, which the render holds anyway.
     assert!(
         largest < report.payload_bytes / 3,
         "largest write {largest} of {} bytes",
         report.payload_bytes
+    );
+    assert_eq!(nat_blocks(&p.runner().inner.last_payload().unwrap()), 2);
+    assert_eq!(
+        p.runner()
+            .whole_saves
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+}
+
+/// The chains a payload declares (creating or flushing them), as `table/chain`, but for the
+/// canaries.
+fn declared(payload: &str) -> BTreeSet<String> {
+    let mut table = "";
+    let mut out = BTreeSet::new();
+    for l in payload.lines() {
+        if let Some(t) = l.strip_prefix('*') {
+            table = t;
+        } else if let Some(d) = l.strip_prefix(':') {
+            let name = d.split(' ').next().unwrap();
+            if name != canary::KUBE_PROXY_CANARY {
+                out.insert(format!("{table}/{name}"));
+            }
+        }
+    }
+    out
+}
+
+/// A rule of `chain` in `nat`'s dump: its position (from 1) and its text after the chain.
+fn rule_of(nat: &str, chain: &str, nth: usize) -> String {
+    nat.lines()
+        .filter_map(|l| l.strip_prefix(&format!("-A {chain} ")))
+        .nth(nth)
+        .unwrap()
+        .to_string()
+}
+
+/// The chain the `KUBE-SERVICES` rule of `ip` jumps to.
+fn service_chain(nat: &str, ip: &str) -> String {
+    nat.lines()
+        .find(|l| l.starts_with("-A KUBE-SERVICES") && l.contains(&format!("-d {ip}/32 ")))
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn a_full_resync_repairs_drift_anywhere_and_rewrites_only_the_drifted_chains() {
+    for version in [None, Some(legacy())] {
+        let mut t = tracker();
+        for e in big_cluster_events(100) {
+            t.apply(e);
+        }
+        let fake = match version {
+            Some(v) => FakeIptables::new(IpVersion::V4).with_version(v),
+            None => FakeIptables::new(IpVersion::V4),
+        };
+        let mut p = proxier(fake);
+        let (snap, changes) = t.checkout();
+        p.sync(&snap, &changes).unwrap();
+        let clean = save(&p);
+        let nat = p.runner().save(Some(Table::Nat)).unwrap();
+        // Drift: a rule changed inside one Service's endpoint chain, a rule deleted from
+        // another Service's chain, a rule someone else added to one of ours (a per-Service
+        // chain and KUBE-SERVICES), a chain flushed, and a rule of filter changed.
+        let svc1 = service_chain(&nat, "10.96.1.1");
+        let sep1 = rule_of(&nat, &svc1, 3)
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .to_string();
+        let svc2 = service_chain(&nat, "10.96.1.2");
+        let svc3 = service_chain(&nat, "10.96.1.3");
+        let sep4 = rule_of(&nat, &service_chain(&nat, "10.96.1.4"), 1)
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .to_string();
+        let drift = format!(
+            "*filter\n-R KUBE-FORWARD 2 -m comment --comment \"kubernetes forwarding rules\" -m mark --mark 0x4000/0x4000 -j DROP\nCOMMIT\n\
+             *nat\n-R {sep1} 2 -p tcp -m tcp -j DNAT --to-destination 10.9.9.9:1\n-D {svc2} 3\n\
+             -I {svc3} 1 -s 192.0.2.1/32 -j RETURN\n-A KUBE-SERVICES -d 192.0.2.2/32 -j RETURN\n\
+             -F {sep4}\nCOMMIT\n"
+        );
+        p.runner().restore(drift.as_bytes()).unwrap();
+        let drifted = p.runner().save(None).unwrap();
+        assert_ne!(save(&p), clean);
+
+        // The resync restores exactly what upstream's full sync (every chain rewritten) gives.
+        let reference = FakeIptables::new(IpVersion::V4);
+        reference.restore(drifted.as_bytes()).unwrap();
+        let kernel = KernelTables {
+            filter: kernel_table(&drifted, Table::Filter).unwrap(),
+            nat: kernel_table(&drifted, Table::Nat).unwrap(),
+        };
+        let cfg = p.render_config(&snap).unwrap();
+        let upstream =
+            reconcile::full_payload(&render::render(&snap, &cfg, None), Some(&kernel), true).0;
+        reference.restore(upstream.as_bytes()).unwrap();
+        let full = Changes {
+            full_resync_needed: true,
+            ..Changes::default()
+        };
+        let report = p.sync(&snap, &full).unwrap();
+        assert!(report.full);
+        assert_eq!(save(&p), clean, "{version:?}");
+        assert_eq!(
+            p.runner().save(None).unwrap(),
+            reference.save(None).unwrap()
+        );
+        // Only the chains that differ were named: flushed and written again.
+        let sent = String::from_utf8(p.runner().last_payload().unwrap()).unwrap();
+        let expected: BTreeSet<String> = [
+            "filter/KUBE-FORWARD".to_string(),
+            format!("nat/{sep1}"),
+            format!("nat/{svc2}"),
+            format!("nat/{svc3}"),
+            "nat/KUBE-SERVICES".to_string(),
+            format!("nat/{sep4}"),
+        ]
+        .into();
+        assert_eq!(declared(&sent), expected, "{version:?}:\n{sent}");
+        // And a resync now rewrites nothing.
+        p.sync(&snap, &full).unwrap();
+        let sent = String::from_utf8(p.runner().last_payload().unwrap()).unwrap();
+        assert_eq!(declared(&sent), BTreeSet::new());
+    }
+}
+
+#[test]
+fn a_resync_of_the_tree_layout_rewrites_nothing_that_is_unchanged() {
+    let mut t = tracker();
+    for e in big_cluster_events(200) {
+        t.apply(e);
+    }
+    let mut p = tree_proxier(FakeIptables::new(IpVersion::V4), 4);
+    sync(&mut p, &mut t);
+    let before = save(&p);
+    let full = Changes {
+        full_resync_needed: true,
+        ..Changes::default()
+    };
+    let (snap, _) = t.checkout();
+    p.sync(&snap, &full).unwrap();
+    let sent = String::from_utf8(p.runner().last_payload().unwrap()).unwrap();
+    assert_eq!(
+        sent,
+        format!("*filter\nCOMMIT\n*nat\nCOMMIT\n{}", canary::CANARY_BLOCKS)
+    );
+    // One Service gone: its chains are stale, its leaf and KUBE-SERVICES' path rewritten.
+    t.apply(SourceEvent::ServiceDelete(NamespacedName::new(
+        "default", "big-7",
+    )));
+    let (snap, _) = t.checkout();
+    p.sync(&snap, &full).unwrap();
+    let sent = String::from_utf8(p.runner().last_payload().unwrap()).unwrap();
+    let written = declared(&sent);
+    assert!(
+        written.iter().any(|c| c.starts_with("nat/KUBE-SVT-")),
+        "{written:?}"
+    );
+    assert!(
+        written
+            .iter()
+            .all(|c| !c.starts_with("nat/KUBE-SEP-") || sent.contains(&format!("-X {}", &c[4..]))),
+        "{sent}"
+    );
+    assert!(written.len() < 30, "{written:?}");
+    assert_ne!(save(&p), before);
+    let mut fresh = tree_proxier(FakeIptables::new(IpVersion::V4), 4);
+    fresh.sync(&snap, &Changes::default()).unwrap();
+    assert_eq!(save(&p), save(&fresh));
+}
+
+#[test]
+fn a_full_sync_on_the_nft_backend_never_writes_its_payload_whole_nor_reads_the_tables_whole() {
+    let mut t = tracker();
+    many_services(&mut t);
+    let runner = Pieces::new(FakeIptables::new(IpVersion::V4));
+    let mut p =
+        IptablesProxier::new(IpFamily::V4, cfg(), runner, Arc::new(FakeHost::default())).unwrap();
+    let (snap, changes) = t.checkout();
+    // A cold sync, then a full resync that rewrites every Service's endpoints.
+    let cold = p.sync(&snap, &changes).unwrap();
+    let cold_payload = p.runner().inner.last_payload().unwrap();
+    for i in 0..1200u32 {
+        let eps: Vec<(String, &str)> = (0..4)
+            .map(|j| {
+                (
+                    format!("10.2.{}.{}", i / 60, (i % 60) * 4 + j + 1),
+                    "k8s-master",
+                )
+            })
+            .collect();
+        let eps: Vec<(&str, &str)> = eps.iter().map(|(a, n)| (a.as_str(), *n)).collect();
+        t.apply(SourceEvent::SliceUpsert(slice(
+            &format!("svc-{i}"),
+            8080,
+            &eps,
+        )));
+    }
+    let (snap, mut changes) = t.checkout();
+    changes.full_resync_needed = true;
+    let resync = p.sync(&snap, &changes).unwrap();
+    let resync_payload = p.runner().inner.last_payload().unwrap();
+    for (report, payload) in [(&cold, cold_payload), (&resync, resync_payload)] {
+        assert!(report.full);
+        assert!(
+            nat_blocks(&payload) >= 10,
+            "split: {}",
+            nat_blocks(&payload)
+        );
+        assert_eq!(report.payload_bytes, payload.len());
+        assert!(report.payload_bytes > 1 << 20);
+    }
+    let largest = p.runner().largest_write.lock().unwrap().take();
+    let largest = largest.expect("the full syncs went through restore_with");
+    // The largest piece is a block of the split or the entry chains' rules.
+    assert!(
+        largest < resync.payload_bytes / 8,
+        "largest write {largest} of {} bytes",
+        resync.payload_bytes
+    );
+    // The tables were read through save_with, never as one dump.
+    assert_eq!(
+        p.runner()
+            .whole_saves
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
     );
 }

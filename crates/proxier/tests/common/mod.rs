@@ -1,4 +1,4 @@
-//! Shared by the proxier's kernel tests (`nft_split.rs`, `tree_kernel.rs`): an iptables-mode
+//! Shared by the proxier's kernel tests (`nft_split.rs`, `tree_kernel.rs`, `full_resync.rs`): an iptables-mode
 //! proxier that runs the real tools inside a test namespace and records each restore's input,
 //! and a comparable dump of its filter and nat tables.
 
@@ -10,12 +10,13 @@ use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
 use kp_proxier::{FakeHost, LocalDetector};
 use kp_testkit::Netns;
 
-/// An IPv4 iptables-mode proxier on `backend` inside `ns`, pods in `cluster_cidr`, with the
-/// recorder of its restores.
+/// An iptables-mode proxier of `family` on `backend` inside `ns`, pods in `cluster_cidrs`
+/// (one per family at most), with the recorder of its restores.
 pub fn recorded_proxier(
     ns: &Netns,
     backend: Backend,
-    cluster_cidr: &str,
+    family: IpFamily,
+    cluster_cidrs: &[&str],
 ) -> (
     IptablesProxier<ExecIptables>,
     Arc<RecordingExec<SystemExec>>,
@@ -26,13 +27,21 @@ pub fn recorded_proxier(
             .map(String::from)
             .collect(),
     )));
-    let ipt = ExecIptables::with_exec(IpVersion::V4, backend, rec.clone());
+    let version = match family {
+        IpFamily::V4 => IpVersion::V4,
+        IpFamily::V6 => IpVersion::V6,
+    };
+    let ipt = ExecIptables::with_exec(version, backend, rec.clone());
     let cfg = IptablesConfig {
-        local_detector: LocalDetector::Cidrs(vec![cluster_cidr.parse().expect("CIDR")]),
+        local_detector: LocalDetector::Cidrs(
+            cluster_cidrs
+                .iter()
+                .map(|c| c.parse().expect("CIDR"))
+                .collect(),
+        ),
         ..IptablesConfig::default()
     };
-    let p = IptablesProxier::new(IpFamily::V4, cfg, ipt, Arc::new(FakeHost::default()))
-        .expect("proxier");
+    let p = IptablesProxier::new(family, cfg, ipt, Arc::new(FakeHost::default())).expect("proxier");
     (p, rec)
 }
 

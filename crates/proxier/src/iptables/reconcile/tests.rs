@@ -27,6 +27,7 @@ fn table(chains: &[&str], rules: &[(&str, &str, Option<&str>)]) -> KernelTable {
             .iter()
             .map(|(c, l, t)| (c.to_string(), l.to_string(), t.map(str::to_string)))
             .collect(),
+        ..KernelTable::default()
     }
 }
 

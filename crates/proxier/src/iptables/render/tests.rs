@@ -663,7 +663,7 @@ fn tree_partial_render_writes_only_changed_dispatch_chains() {
 }
 
 #[test]
-fn a_streamed_render_is_the_render_in_pieces() {
+fn a_streamed_render_hands_over_each_services_chains() {
     let mut services = Vec::new();
     let mut slices = Vec::new();
     for i in 0..1200u32 {
@@ -690,22 +690,49 @@ fn a_streamed_render_is_the_render_in_pieces() {
     for cfg in [cluster_cidr(), tree_cfg(16)] {
         let whole = render(&snap, &cfg, None);
         let mut cache = RenderCache::new();
-        let first = render_streamed(&snap, &cfg, &mut cache, Stream::Measure);
-        let mut pieces = Vec::new();
+        let mut first_services: Vec<(String, String)> = Vec::new();
+        let first = render_streamed(
+            &snap,
+            &cfg,
+            &mut cache,
+            Stream::Measure(&mut |s| first_services.push((s.chains.into(), s.rules.into()))),
+        );
+        let mut services = Vec::new();
         let second = render_streamed(
             &snap,
             &cfg,
             &mut cache,
-            Stream::Emit(&mut |p: &str| pieces.push(p.to_string())),
+            Stream::Emit(&mut |s| services.push((s.chains.to_string(), s.rules.to_string()))),
         );
-        assert!(pieces.len() >= 3, "{} pieces", pieces.len());
-        assert!(pieces.iter().all(|p| p.len() < STREAM_PIECE + 64 * 1024));
+        // One hand-over per Service, the same in both passes, each with its own chains only.
+        assert_eq!(services.len(), snap.services.len());
+        assert_eq!(services, first_services);
+        for (chains, rules) in &services {
+            let declared: Vec<&str> = chains
+                .lines()
+                .map(|l| l[1..].split(' ').next().unwrap())
+                .collect();
+            assert!(
+                declared
+                    .iter()
+                    .all(|c| crate::iptables::names::is_service_chain(c)),
+                "{chains}"
+            );
+            for line in rules.lines() {
+                let chain = line[3..].split(' ').next().unwrap();
+                assert!(declared.contains(&chain), "{line} outside {declared:?}");
+            }
+        }
+        let rules: String = services.iter().map(|(_, r)| r.as_str()).collect();
+        let chains: String = services.iter().map(|(c, _)| c.as_str()).collect();
+        assert_eq!(format!("{}{rules}", first.nat.rules), whole.nat.rules);
+        let fixed = whole.nat.chains.declarations().len() - chains.len();
         assert_eq!(
-            format!("{}{}", first.nat.rules, pieces.concat()),
-            whole.nat.rules
+            format!("{}{chains}", &whole.nat.chains.declarations()[..fixed]),
+            whole.nat.chains.declarations()
         );
         // The first pass has everything else of the whole render; the second keeps no
-        // chain lists.
+        // per-Service chain lists.
         let rest = |r: &Rendered| {
             (
                 r.filter.clone(),
@@ -718,6 +745,12 @@ fn a_streamed_render_is_the_render_in_pieces() {
         assert_eq!(rest(&first), rest(&whole));
         assert_eq!(second.nat.rules, first.nat.rules);
         assert!(second.active_nat_chains.is_empty());
-        assert!(second.nat.chains.len() * 4 < first.nat.chains.len());
+        assert!(
+            second
+                .nat
+                .chains
+                .iter()
+                .all(|c| !crate::iptables::names::is_service_chain(c))
+        );
     }
 }

@@ -1,5 +1,7 @@
-//! Split tests: the order of the transactions, and every state between them applied to the
-//! checking fake (jumps to missing chains are refused there) kept correct for packets.
+//! Split tests: the order of the transactions, what they hold (the lines of upstream's
+//! payload but for the chains the kernel already holds as rendered), and every state between
+//! them applied to the checking fake (jumps to missing chains are refused there) kept correct
+//! for packets.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,9 +11,10 @@ use kp_testkit::builders::{ServiceBuilder, SliceBuilder};
 use kp_track::Tracker;
 
 use super::*;
+use crate::iptables::reconcile::digest::TableReader;
+use crate::iptables::reconcile::full::{self, FullSync, Layout, Measure, Options};
 use crate::iptables::reconcile::{KernelTables, full_payload};
-use crate::iptables::render::{self, RenderConfig};
-use crate::iptables::{kernel_table, kernel_table_for_sync};
+use crate::iptables::render::{self, RenderCache, RenderConfig, ServiceRules};
 
 /// Cuts very finely, so that small test rulesets give many transactions.
 const FINE: SplitPolicy = SplitPolicy {
@@ -73,17 +76,114 @@ fn cfg() -> RenderConfig {
     }
 }
 
+/// The fake's tables as a full sync reads them.
 fn kernel(fake: &FakeIptables) -> KernelTables {
+    let read = |table| {
+        let mut r = TableReader::new(table);
+        for line in fake.save(Some(table)).unwrap().lines() {
+            r.line(line);
+        }
+        r.finish().unwrap()
+    };
     KernelTables {
-        filter: kernel_table(&fake.save(Some(Table::Filter)).unwrap(), Table::Filter).unwrap(),
-        nat: kernel_table_for_sync(&fake.save(Some(Table::Nat)).unwrap(), Table::Nat).unwrap(),
+        filter: read(Table::Filter),
+        nat: read(Table::Nat),
     }
 }
 
-/// The full payload for `snap` against what `fake` holds (unsplit).
+/// Upstream's full payload for `snap` against what `fake` holds: every chain rewritten, one
+/// nat transaction.
 fn full(fake: &FakeIptables, snap: &Snapshot) -> String {
     let rendered = render::render(snap, &cfg(), None);
     full_payload(&rendered, Some(&kernel(fake)), true).0
+}
+
+/// The proxier's full sync of `snap` against what `fake` holds, with `policy`.
+fn sync_payload(
+    fake: &FakeIptables,
+    snap: &Snapshot,
+    policy: Option<SplitPolicy>,
+) -> (String, FullSync, usize) {
+    let mut k = kernel(fake);
+    full::payload(
+        snap,
+        &cfg(),
+        &mut RenderCache::new(),
+        Some(&mut k),
+        &Options {
+            kube_firewall: true,
+            zero_counters: false,
+            split: policy,
+        },
+    )
+}
+
+/// The declaration and rule lines of `payload`, sorted, without the `*table`/`COMMIT` lines
+/// and without those of `skip`'s chains (`table/chain`).
+fn lines_but(payload: &str, skip: &BTreeSet<String>) -> Vec<String> {
+    let mut table = "";
+    let mut v = Vec::new();
+    for l in payload.lines() {
+        if let Some(t) = l.strip_prefix('*') {
+            table = t;
+            continue;
+        }
+        if l == "COMMIT" {
+            continue;
+        }
+        let chain = l
+            .strip_prefix(':')
+            .or_else(|| l.strip_prefix("-A "))
+            .map(|r| r.split(' ').next().unwrap());
+        if !chain.is_some_and(|c| skip.contains(&format!("{table}/{c}"))) {
+            v.push(l.to_string());
+        }
+    }
+    v.sort();
+    v
+}
+
+/// Two sorted line lists are equal (shows the lines of one only).
+fn assert_same_lines(got: &[String], want: &[String]) {
+    let (mut g, mut w) = (got.to_vec(), want.to_vec());
+    for l in got {
+        if let Some(i) = w.iter().position(|x| x == l) {
+            w.remove(i);
+            let j = g.iter().position(|x| x == l).unwrap();
+            g.remove(j);
+        }
+    }
+    assert!(
+        g.is_empty() && w.is_empty(),
+        "sent but not expected: {g:#?}\nexpected but not sent: {w:#?}"
+    );
+}
+
+/// The chains of ours in `after` (filter and nat, as `table/chain`) that `before` holds with
+/// the same rules: those a full sync leaves alone.
+fn unchanged(before: &FakeIptables, after: &FakeIptables) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for table in [Table::Filter, Table::Nat] {
+        let (b, a) = (chains(before, table), chains(after, table));
+        for (name, rules) in &a {
+            // The canary is declared by every full sync, empty as it is.
+            if name.starts_with("KUBE-")
+                && name != "KUBE-PROXY-CANARY"
+                && b.get(name) == Some(rules)
+            {
+                out.insert(format!("{}/{name}", table.name()));
+            }
+        }
+    }
+    out
+}
+
+/// A copy of `fake` with `payload` applied.
+fn applied(fake: &FakeIptables, payload: &str) -> FakeIptables {
+    let copy = FakeIptables::new(IpVersion::V4);
+    copy.restore(fake.save(None).unwrap().as_bytes()).unwrap();
+    copy.restore(payload.as_bytes()).unwrap();
+    copy
 }
 
 /// The `*table ... COMMIT` blocks of a payload, in order.
@@ -259,22 +359,17 @@ fn every_state_between_the_transactions_is_correct() {
         events.extend(service_events(i, 3, 0));
     }
     let snap_after = snapshot(&mut t, events);
-    let payload = full(&fake, &snap_after);
-    let existing = kernel(&fake)
-        .nat
-        .chains
-        .iter()
-        .filter(|c| is_service_chain(c))
-        .count();
-    let split = split_full_payload(&payload, &FINE, existing).unwrap();
-    assert!(split.nat_transactions >= 8, "{}", split.nat_transactions);
+    let (payload, plan, nat_transactions) = sync_payload(&fake, &snap_after, Some(FINE));
+    assert!(
+        matches!(plan.layout, Layout::Split { .. }),
+        "{:?}",
+        plan.layout
+    );
+    assert!(nat_transactions >= 5, "{nat_transactions}");
 
-    // The unsplit payload, applied at once to a copy, gives the expected end state.
-    let reference = FakeIptables::new(IpVersion::V4);
-    reference
-        .restore(fake.save(None).unwrap().as_bytes())
-        .unwrap();
-    reference.restore(payload.as_bytes()).unwrap();
+    // Upstream's payload, applied at once to a copy, gives the expected end state.
+    let upstream = full(&fake, &snap_after);
+    let reference = applied(&fake, &upstream);
     let after = chains(&reference, Table::Nat);
 
     // Services present before and after: what they reach before and after.
@@ -293,24 +388,26 @@ fn every_state_between_the_transactions_is_correct() {
     }
     assert_ne!(keep[0].1, keep[0].2, "svc-4's endpoints changed");
 
-    let nat_blocks = apply_step_by_step(&fake, &split.payload, &before, &after, &keep);
-    assert_eq!(
-        nat_blocks,
-        split.nat_transactions + 1,
-        "plus the canary block"
+    // What is sent: upstream's lines but for the chains the kernel holds as they are.
+    let same = unchanged(&fake, &reference);
+    assert!(same.len() > 20 * 4, "{} chains unchanged", same.len());
+    assert_eq!(plan.kept_chains, same.len());
+    assert_same_lines(
+        &lines_but(&payload, &BTreeSet::new()),
+        &lines_but(&upstream, &same),
     );
-    // Same end state as one transaction, every line sent once.
+    // An unchanged Service's chains are not named.
+    let svc20 = before["KUBE-SERVICES"]
+        .iter()
+        .find(|r| r.contains("-d 10.96.0.20/32"))
+        .and_then(|r| r.rsplit(' ').next())
+        .unwrap();
+    assert!(!payload.contains(&format!(":{svc20} ")) && !payload.contains(&format!("-A {svc20} ")));
+
+    let nat_blocks = apply_step_by_step(&fake, &payload, &before, &after, &keep);
+    assert_eq!(nat_blocks, nat_transactions + 1, "plus the canary block");
+    // Same end state as upstream's one transaction.
     assert_eq!(fake.save(None).unwrap(), reference.save(None).unwrap());
-    let lines = |p: &str| -> Vec<String> {
-        let mut v: Vec<String> = p
-            .lines()
-            .filter(|l| *l != "*nat" && *l != "COMMIT")
-            .map(str::to_string)
-            .collect();
-        v.sort();
-        v
-    };
-    assert_eq!(lines(&split.payload), lines(&payload));
     // The new Services are reachable at the end.
     assert!(!backends(&after, "10.96.0.35", 80).is_empty());
     assert!(backends(&after, "10.96.0.1", 80).is_empty());
@@ -318,30 +415,51 @@ fn every_state_between_the_transactions_is_correct() {
 
 #[test]
 fn transactions_go_leaves_services_entry_then_stale() {
+    // A node where an earlier run (another masquerade bit, other Services) left its chains:
+    // every chain of this sync is written, and the old Services' chains are stale.
     let mut t = tracker();
     let mut events = Vec::new();
+    for i in 100..103 {
+        events.extend(service_events(i, 3, 0));
+    }
+    let old = snapshot(&mut t, events);
+    let fake = FakeIptables::new(IpVersion::V4);
+    let old_cfg = RenderConfig {
+        masquerade_mark: 1 << 13,
+        ..cfg()
+    };
+    fake.restore(
+        full_payload(&render::render(&old, &old_cfg, None), None, true)
+            .0
+            .as_bytes(),
+    )
+    .unwrap();
+    let mut events = Vec::new();
+    for i in 100..103 {
+        events.push(SourceEvent::ServiceDelete(kp_model::NamespacedName::new(
+            "default",
+            format!("svc-{i}"),
+        )));
+    }
     for i in 0..20 {
         events.extend(service_events(i, 3, 0));
     }
     let snap = snapshot(&mut t, events);
-    let fake = FakeIptables::new(IpVersion::V4);
-    fake.restore(full(&fake, &snap).as_bytes()).unwrap();
-    let mut events = Vec::new();
-    for i in 0..3 {
-        let name = format!("svc-{i}");
-        events.push(SourceEvent::ServiceDelete(kp_model::NamespacedName::new(
-            "default",
-            name.as_str(),
-        )));
-    }
-    let snap = snapshot(&mut t, events);
-    let payload = full(&fake, &snap);
-    let split = split_full_payload(&payload, &FINE, 100).unwrap();
-    let nat: Vec<String> = blocks(&split.payload)
+    let (payload, plan, nat_transactions) = sync_payload(&fake, &snap, Some(FINE));
+    // Only the filter chains that stayed empty are as they were.
+    let reference = applied(&fake, &full(&fake, &snap));
+    let same = unchanged(&fake, &reference);
+    assert_eq!(plan.kept_chains, same.len());
+    assert_same_lines(
+        &lines_but(&payload, &BTreeSet::new()),
+        &lines_but(&full(&fake, &snap), &same),
+    );
+    assert!(same.iter().all(|c| c.starts_with("filter/")), "{same:?}");
+    let nat: Vec<String> = blocks(&payload)
         .into_iter()
         .filter(|b| b.starts_with("*nat\n") && b != "*nat\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n")
         .collect();
-    assert_eq!(nat.len(), split.nat_transactions);
+    assert_eq!(nat.len(), nat_transactions);
     // 1: the fixed chains without per-Service jumps.
     assert_eq!(
         nat[0],
@@ -363,9 +481,15 @@ fn transactions_go_leaves_services_entry_then_stale() {
             "{b}"
         );
         assert!(!b.contains("-X "), "{b}");
+        // Every rule's chain is declared in its block.
+        for line in b.lines().filter(|l| l.starts_with("-A ")) {
+            let chain = line[3..].split(' ').next().unwrap();
+            assert!(b.contains(&format!(":{chain} - [0:0]")), "{line}");
+        }
     }
     assert!(entry >= 3, "several blocks of per-Service chains: {entry}");
-    // 3: the entry chains, all of them in one block, with no per-Service chain.
+    // 3: the entry chains, all of them in one block, with no per-Service chain, and the
+    // missing jumps from the built-in chains.
     assert!(nat[entry].contains(":KUBE-NODEPORTS - [0:0]"));
     assert!(!nat[entry].contains(":KUBE-SVC-"));
     // 4: then only the stale chains: flushed and deleted.
@@ -380,6 +504,9 @@ fn transactions_go_leaves_services_entry_then_stale() {
         stale.matches("-X ").count()
     );
     assert!(stale.matches("-X ").count() >= 3 * 4);
+    // The same end state as upstream's payload.
+    fake.restore(payload.as_bytes()).unwrap();
+    assert_eq!(fake.save(None).unwrap(), reference.save(None).unwrap());
 }
 
 #[test]
@@ -401,20 +528,16 @@ fn many_stale_chains_are_all_flushed_before_any_is_deleted() {
         )));
     }
     let snap = snapshot(&mut t, events);
-    let payload = full(&fake, &snap);
-    let split = split_full_payload(&payload, &FINE, 0).unwrap();
-    let nat: Vec<String> = blocks(&split.payload)
+    let (payload, plan, _) = sync_payload(&fake, &snap, Some(FINE));
+    assert!(matches!(plan.layout, Layout::Split { .. }));
+    let nat: Vec<String> = blocks(&payload)
         .into_iter()
         .filter(|b| b.contains("-X ") || b.starts_with("*nat\n:KUBE-SEP") && !b.contains("-A "))
         .collect();
     let first_delete = nat.iter().position(|b| b.contains("-X ")).unwrap();
     assert!(first_delete >= 2, "stale chains flushed in several blocks");
     assert!(nat[first_delete..].iter().all(|b| !b.contains(":KUBE-")));
-    let reference = FakeIptables::new(IpVersion::V4);
-    reference
-        .restore(fake.save(None).unwrap().as_bytes())
-        .unwrap();
-    reference.restore(payload.as_bytes()).unwrap();
+    let reference = applied(&fake, &full(&fake, &snap));
     let after = chains(&reference, Table::Nat);
     let keep: Vec<_> = (25..30)
         .map(|i| {
@@ -423,39 +546,82 @@ fn many_stale_chains_are_all_flushed_before_any_is_deleted() {
             (ip, b.clone(), b)
         })
         .collect();
-    apply_step_by_step(&fake, &split.payload, &before, &after, &keep);
+    apply_step_by_step(&fake, &payload, &before, &after, &keep);
     assert_eq!(fake.save(None).unwrap(), reference.save(None).unwrap());
 }
 
 #[test]
-fn small_or_unknown_payloads_are_left_whole() {
+fn small_zeroed_or_irregular_payloads_are_one_transaction() {
     let mut t = tracker();
     let mut events = Vec::new();
     for i in 0..5 {
         events.extend(service_events(i, 3, 0));
     }
     let snap = snapshot(&mut t, events);
-    let payload = full(&FakeIptables::new(IpVersion::V4), &snap);
-    let lines = match split_full_payload(&payload, &NFT_SPLIT, 0) {
-        Err(Unsplit::Small { lines }) => lines,
-        other => panic!("{other:?}"),
-    };
-    assert!(lines < NFT_SPLIT.min_lines);
-    assert!(split_full_payload(&payload, &FINE, 0).is_ok());
-    let zeroed = payload.replacen("*nat\n", "*nat\n-Z\n", 1);
-    assert!(matches!(
-        split_full_payload(&zeroed, &FINE, 0),
-        Err(Unsplit::Unsupported(_))
-    ));
-    let policy = payload.replacen("*nat\n", "*nat\n:PREROUTING ACCEPT [0:0]\n", 1);
-    assert!(matches!(
-        split_full_payload(&policy, &FINE, 0),
-        Err(Unsplit::Unsupported(_))
-    ));
-    assert!(matches!(
-        split_full_payload("*filter\nCOMMIT\n", &FINE, 0),
-        Err(Unsplit::Unsupported(_))
-    ));
+    let empty = FakeIptables::new(IpVersion::V4);
+    let (payload, plan, n) = sync_payload(&empty, &snap, Some(NFT_SPLIT));
+    assert_eq!((plan.layout, n), (Layout::One, 1));
+    assert!(plan.nat_lines < NFT_SPLIT.min_lines);
+    assert_eq!(plan.unsplit, None);
+    // On an empty node, one transaction is upstream's payload exactly.
+    assert_eq!(payload, full(&empty, &snap));
+    let (_, plan, n) = sync_payload(&empty, &snap, Some(FINE));
+    assert!(matches!(plan.layout, Layout::Split { budget: 40 }) && n > 3);
+    let mut k = kernel(&empty);
+    let (zeroed, plan, _) = full::payload(
+        &snap,
+        &cfg(),
+        &mut RenderCache::new(),
+        Some(&mut k),
+        &Options {
+            kube_firewall: true,
+            zero_counters: true,
+            split: Some(FINE),
+        },
+    );
+    assert_eq!(plan.layout, Layout::One);
+    assert!(zeroed.starts_with("*filter\n-Z\n") && zeroed.contains("*nat\n-Z\n"));
+
+    // A rule of a chain its Service does not declare, or a per-Service chain that jumps to
+    // an entry chain: the split does not order those (the render writes neither).
+    let rendered = render::render_streamed(
+        &snap,
+        &cfg(),
+        &mut RenderCache::new(),
+        render::Stream::Measure(&mut |_| {}),
+    );
+    for (chains, rules, why) in [
+        (
+            ":KUBE-SVC-A - [0:0]\n",
+            "-A KUBE-SVC-B -j KUBE-MARK-MASQ\n",
+            "outside its Service's chains",
+        ),
+        (
+            ":KUBE-SVC-A - [0:0]\n",
+            "-A KUBE-SVC-A -j KUBE-SERVICES\n",
+            "jumps to chain KUBE-SERVICES",
+        ),
+    ] {
+        let mut m = Measure::new(None);
+        m.service(ServiceRules { chains, rules });
+        let measured = m.finish();
+        let plan = full::plan(
+            &rendered,
+            None,
+            &measured,
+            &Options {
+                kube_firewall: true,
+                zero_counters: false,
+                split: Some(FINE),
+            },
+        );
+        assert_eq!(plan.layout, Layout::One, "{why}");
+        assert!(
+            plan.unsplit.as_deref().is_some_and(|u| u.contains(why)),
+            "{:?}",
+            plan.unsplit
+        );
+    }
 }
 
 #[test]
