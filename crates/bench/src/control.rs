@@ -38,6 +38,13 @@ use serde::{Deserialize, Serialize};
 use crate::userspace::{RelayThreads, UserspaceBench};
 use crate::{Mode, pod_cidr, scale_service, scale_snapshot, v4};
 
+/// What a step of an older run's JSON, which did not have it, reads as.
+fn not_measured() -> Timed {
+    Timed::Skipped {
+        reason: "not measured in this run".into(),
+    }
+}
+
 /// The outcome of one timed step.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -144,6 +151,14 @@ pub struct ControlPoint {
     pub resync: Timed,
     /// Bytes of the resync payload.
     pub resync_bytes: usize,
+    /// A full resync after one endpoint of every Service changed (the worst case of a
+    /// resync that writes only what differs: every Service's chains are rewritten), after
+    /// the one-Service changes.
+    #[serde(default = "not_measured")]
+    pub resync_changed: Timed,
+    /// Bytes of that resync's payload.
+    #[serde(default)]
+    pub resync_changed_bytes: usize,
     /// iptables modes: `iptables-save -t nat` of the loaded ruleset (the tool alone).
     pub save_tool: Timed,
     /// iptables modes: parsing that dump the way a full sync does (chain names and built-in
@@ -180,6 +195,8 @@ impl ControlPoint {
             overhead_ratio: None,
             resync: skip.clone(),
             resync_bytes: 0,
+            resync_changed: skip.clone(),
+            resync_changed_bytes: 0,
             save_tool: skip,
             save_parse_ms: None,
             save_parse_full_ms: None,
@@ -504,6 +521,8 @@ pub fn control_point(
     let mut payload_bytes = 0;
     let mut payload_lines = 0;
     let mut resync_bytes = 0;
+    let mut resyncs_changed = Vec::new();
+    let mut resync_changed_bytes = 0;
     let mut ipvs_requests = None;
     for _ in 0..opts.runs.max(1) {
         // Cold render (+ payload) without the kernel.
@@ -590,6 +609,9 @@ pub fn control_point(
             endpoints,
             timeout,
         ));
+        let (t, rep) = sync_timed(p.as_mut(), &every_service_changed(&base), &full, timeout);
+        resync_changed_bytes = rep.map(|r| r.payload_bytes).unwrap_or_default();
+        resyncs_changed.push(t);
         drop(p);
         drop(ns);
     }
@@ -617,6 +639,12 @@ pub fn control_point(
         overhead_ratio,
         resync: median_timed(&resyncs),
         resync_bytes,
+        resync_changed: if resyncs_changed.is_empty() {
+            not_measured()
+        } else {
+            median_timed(&resyncs_changed)
+        },
+        resync_changed_bytes,
         save_tool: if saves.is_empty() {
             Timed::Skipped {
                 reason: "not iptables or IPVS mode, or nothing loaded".into(),
@@ -691,6 +719,20 @@ fn one_service_changes(
     snap.services.retain(|k, _| k.service != added);
     snap.endpoints.retain(|k, _| k.service != added);
     step("delete one Service", &snap, &added);
+    out
+}
+
+/// `snap` with the first endpoint of every Service moved to another address: each Service's
+/// `KUBE-SVC` chain changes, one `KUBE-SEP` chain is new and one stale.
+fn every_service_changed(snap: &Snapshot) -> Snapshot {
+    let mut out = snap.clone();
+    for (i, eps) in out.endpoints.values_mut().enumerate() {
+        let mut moved: Vec<Endpoint> = eps.to_vec();
+        if let Some(first) = moved.first_mut() {
+            first.ip = crate::v4([10, 254, 0, 0], i);
+        }
+        *eps = moved.into();
+    }
     out
 }
 

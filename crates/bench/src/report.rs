@@ -203,13 +203,13 @@ impl RunReport {
         let _ = writeln!(
             s,
             "## Control plane (Services × 10 endpoints, medians)\n\n\
-             | mode | Services | render (cold) | payload | tool alone (floor) | cold full sync | sync / floor | full resync | iptables-save -t nat | parse (light / full) | peak RSS (state) |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+             | mode | Services | render (cold) | payload | tool alone (floor) | cold full sync | sync / floor | full resync | full resync, every Service changed | iptables-save -t nat | parse (light / full) | peak RSS (state) |\n\
+             |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
         );
         for c in &self.control {
             let _ = writeln!(
                 s,
-                "| {} | {} | {} | {} ({} lines) | {} | {} | {} | {} | {} | {} / {} | {} |",
+                "| {} | {} | {} | {} ({} lines) | {} | {} | {} | {} ({}) | {} ({}) | {} | {} / {} | {} |",
                 c.mode,
                 c.services,
                 fmt_ms(c.render_ms),
@@ -221,6 +221,9 @@ impl RunReport {
                     .map(|r| format!("{r:.2}×"))
                     .unwrap_or_else(|| "–".into()),
                 c.resync.cell(),
+                bytes(c.resync_bytes),
+                c.resync_changed.cell(),
+                bytes(c.resync_changed_bytes),
                 c.save_tool.cell(),
                 opt_ms(c.save_parse_ms),
                 opt_ms(c.save_parse_full_ms),

@@ -64,7 +64,8 @@ pub enum ProxierError {
 pub struct SyncReport {
     /// The family synced.
     pub family: Option<IpFamily>,
-    /// A full sync (every chain rewritten) rather than a partial one.
+    /// A full sync (the kernel read, every chain that differs from the render rewritten)
+    /// rather than a partial one.
     pub full: bool,
     /// ServicePortNames in the snapshot.
     pub service_ports: usize,

@@ -467,6 +467,14 @@ impl<E: Exec> RecordingExec<E> {
         }
     }
 
+    /// How many restores ran.
+    pub fn restore_count(&self) -> usize {
+        self.restores
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
     /// The stdin of the last restore, if any ran.
     pub fn last_restore(&self) -> Option<String> {
         self.restores

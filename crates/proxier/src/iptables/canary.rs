@@ -12,7 +12,8 @@
 //! [`Iptables::chain_exists`]): never a whole table, so the check costs three short commands
 //! per family whatever the number of Services. When one is missing, the proxier warns and
 //! its next sync, run at once, is full: it reads the tables, puts back the jump rules from
-//! the built-in chains, rewrites every chain and creates the canaries again.
+//! the built-in chains, rewrites every chain that is missing or differs and creates the
+//! canaries again.
 //!
 //! Upstream polls the first table (mangle) only and reloads when its canary is gone; we
 //! check all three, so a flush of the nat table alone is repaired too. As upstream, a

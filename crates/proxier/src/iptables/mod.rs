@@ -9,9 +9,12 @@
 //!
 //! [`IptablesProxier`] ties [`render`] (snapshot → rules) to [`reconcile`] (rules + kernel
 //! state → restore payload) and to an [`Iptables`] runner. The first sync, any sync after a
-//! failure and any sync with `full_resync_needed` read the kernel's tables (`iptables-save`)
-//! to add missing jump rules and delete stale chains; other syncs are partial and rewrite only
-//! the chains of Services that changed. Full syncs also leave the empty `KUBE-PROXY-CANARY`
+//! failure and any sync with `full_resync_needed` are full: they read the kernel's tables
+//! (`iptables-save`, line by line), rewrite every chain of ours whose contents there differ
+//! from the render (leaving the others, and their counters, alone), add missing jump rules and
+//! delete stale chains, writing the payload into the tool's stdin as the render goes
+//! ([`reconcile::full`]); other syncs are partial and rewrite only the chains of Services that
+//! changed. Full syncs also leave the empty `KUBE-PROXY-CANARY`
 //! chains that [`canary`] checks between syncs, so that rules flushed by someone else are
 //! rewritten at once. [`cleanup`] implements `--cleanup`.
 //!
@@ -359,6 +362,11 @@ impl<I: Iptables> IptablesProxier<I> {
         plan: &full::FullSync,
         kernel: &KernelTables,
     ) -> Result<(usize, usize), ProxierError> {
+        if plan.is_empty() {
+            // Every chain is as rendered, no jump is missing, nothing is stale, every canary
+            // is there: nothing to write, and the tool is not run.
+            return Ok((0, 0));
+        }
         let cache = &mut self.cache;
         let mut written = (0, 0);
         self.ipt.restore_with(&mut |w| {
@@ -376,29 +384,49 @@ impl<I: Iptables> IptablesProxier<I> {
         Ok(written)
     }
 
-    /// Reads the filter and nat tables for a full sync: `iptables-save -t TABLE` read line
-    /// by line from the tool's stdout ([`Iptables::save_with`]) into the rules of the
-    /// built-in chains and the digests of our chains ([`TableReader`]); the dump (30 MB for
-    /// the nat table at 10,000 Services) is never held.
+    /// Reads the filter, nat and mangle tables for a full sync: one `iptables-save` of every
+    /// table (`iptables-nft-save` reads the whole ruleset from the kernel whichever table it
+    /// prints, so one call costs what `-t nat` alone does), read line by line from the tool's
+    /// stdout ([`Iptables::save_with`]) into the rules of the built-in chains and the digests
+    /// of our chains ([`TableReader`]); the dump (30 MB for the nat table at 10,000 Services)
+    /// is never held. Other tables are skipped.
     fn read_kernel(&self) -> Result<KernelTables, ProxierError> {
-        let read = |table: Table| -> Result<KernelTable, ProxierError> {
-            let mut reader = TableReader::new(table);
-            self.ipt.save_with(Some(table), &mut |r| {
-                let mut line = Vec::with_capacity(256);
-                loop {
-                    line.clear();
-                    if r.read_until(b'\n', &mut line)? == 0 {
-                        return Ok(());
-                    }
-                    let text = String::from_utf8_lossy(&line);
-                    reader.line(text.trim_end_matches('\n'));
+        let mut readers = [
+            TableReader::new(Table::Filter),
+            TableReader::new(Table::Nat),
+            TableReader::new(Table::Mangle),
+        ];
+        let mut current: Option<usize> = None;
+        self.ipt.save_with(None, &mut |r| {
+            let mut line = Vec::with_capacity(256);
+            loop {
+                line.clear();
+                if r.read_until(b'\n', &mut line)? == 0 {
+                    return Ok(());
                 }
-            })?;
-            reader.finish()
-        };
+                let text = String::from_utf8_lossy(&line);
+                let text = text.trim_end_matches('\n');
+                if let Some(name) = text.strip_prefix('*') {
+                    current = match Table::from_name(name.trim()) {
+                        Some(Table::Filter) => Some(0),
+                        Some(Table::Nat) => Some(1),
+                        Some(Table::Mangle) => Some(2),
+                        _ => None,
+                    };
+                }
+                if let Some(i) = current {
+                    readers[i].line(text);
+                }
+                if text == "COMMIT" {
+                    current = None;
+                }
+            }
+        })?;
+        let [filter, nat, mangle] = readers;
         Ok(KernelTables {
-            filter: read(Table::Filter)?,
-            nat: read(Table::Nat)?,
+            filter: filter.finish()?,
+            nat: nat.finish()?,
+            mangle: mangle.finish()?,
         })
     }
 }
@@ -412,8 +440,9 @@ fn is_builtin_chain(chain: &str) -> bool {
     )
 }
 
-/// Like [`kernel_table`], for a full sync: every chain name, but only the rules of the
-/// built-in chains (what [`reconcile::full_payload`] compares jump rules against). The rules
+/// Like [`kernel_table`], for a full sync of the modes that keep no digests (IPVS and
+/// userspace mode): every chain name, but only the rules of the built-in chains (what
+/// [`reconcile::full_payload`] compares jump rules against). The rules
 /// of other chains, 400k lines at 10,000 Services, are skipped without parsing; the
 /// remaining text goes through the same typed parser.
 ///
@@ -606,6 +635,7 @@ pub fn cleanup<I: Iptables + ?Sized>(ipt: &I) -> Result<CleanupPlan, ProxierErro
     let kernel = KernelTables {
         filter: read_table(ipt, Table::Filter)?,
         nat: read_table(ipt, Table::Nat)?,
+        ..KernelTables::default()
     };
     let mut plan = reconcile::cleanup_payload(&kernel);
     if let Some(mangle) = canary::mangle_cleanup(ipt)? {

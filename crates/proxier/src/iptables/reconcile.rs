@@ -181,6 +181,9 @@ pub struct KernelTables {
     pub filter: KernelTable,
     /// The nat table.
     pub nat: KernelTable,
+    /// The mangle table, read by a full sync of iptables mode only (for its canary); empty
+    /// elsewhere.
+    pub mangle: KernelTable,
 }
 
 /// One table of [`KernelTables`].

@@ -109,13 +109,24 @@ fn resync_without_changes_is_identical_and_partial() {
         full_resync_needed: true,
         ..Changes::default()
     };
-    assert!(p.sync(&snap, &full).unwrap().full);
+    let restores = p.runner().restore_count();
+    let report = p.sync(&snap, &full).unwrap();
+    assert!(report.full);
     assert_eq!(save(&p), before);
-    // ... and names none of our chains but the canaries: every chain is as rendered.
+    // ... and writes nothing: every chain is as rendered, every canary there, so the tool
+    // is not even run.
+    assert_eq!(report.payload_bytes, 0);
+    assert_eq!(p.runner().restore_count(), restores);
+    // A missing canary is the one thing such a resync writes.
+    p.runner()
+        .restore(b"*mangle\n:KUBE-PROXY-CANARY - [0:0]\n-X KUBE-PROXY-CANARY\nCOMMIT\n")
+        .unwrap();
+    p.sync(&snap, &full).unwrap();
     assert_eq!(
         String::from_utf8(p.runner().last_payload().unwrap()).unwrap(),
-        format!("*filter\nCOMMIT\n*nat\nCOMMIT\n{}", canary::CANARY_BLOCKS)
+        "*mangle\n:KUBE-PROXY-CANARY - [0:0]\nCOMMIT\n"
     );
+    assert_eq!(save_all(&p).matches(":KUBE-PROXY-CANARY ").count(), 3);
 }
 
 #[test]
@@ -675,15 +686,14 @@ fn the_legacy_backend_keeps_one_transaction_and_nft_splits_large_full_syncs() {
         nat_blocks(&nft_payload)
     );
     assert_eq!(save(&nft), save(&leg), "the same rules either way");
-    // A full resync over the unchanged table rewrites nothing: one empty nat transaction.
+    // A full resync over the unchanged table writes nothing.
     let full = Changes {
         full_resync_needed: true,
         ..Changes::default()
     };
-    nft.sync(&snap, &full).unwrap();
-    let resync = String::from_utf8(nft.runner().last_payload().unwrap()).unwrap();
-    assert_eq!(nat_blocks(resync.as_bytes()), 2, "{resync}");
-    assert!(!resync.contains(":KUBE-SVC-") && !resync.contains(":KUBE-SERVICES"));
+    let restores = nft.runner().restore_count();
+    assert_eq!(nft.sync(&snap, &full).unwrap().payload_bytes, 0);
+    assert_eq!(nft.runner().restore_count(), restores);
     // One that rewrites many Services is split too; a partial sync never is.
     for i in 0..90 {
         t.apply(big_moved(i, 30));
@@ -693,7 +703,8 @@ fn the_legacy_backend_keeps_one_transaction_and_nft_splits_large_full_syncs() {
         assert!(p.sync(&snap, &full).unwrap().full);
     }
     assert!(nat_blocks(&nft.runner().last_payload().unwrap()) >= 3);
-    assert_eq!(nat_blocks(&leg.runner().last_payload().unwrap()), 2);
+    // One nat transaction, and no canary block: the canary is there.
+    assert_eq!(nat_blocks(&leg.runner().last_payload().unwrap()), 1);
     assert_eq!(save(&nft), save(&leg));
     t.apply(SourceEvent::ServiceDelete(NamespacedName::new(
         "default", "big-7",
@@ -975,6 +986,7 @@ fn a_streamed_full_sync_writes_the_payload_of_one_buffer() {
             filter: kernel_table_for_sync(&fake.save(Some(Table::Filter)).unwrap(), Table::Filter)
                 .unwrap(),
             nat: kernel_table_for_sync(&fake.save(Some(Table::Nat)).unwrap(), Table::Nat).unwrap(),
+            ..KernelTables::default()
         };
         let mut t = tracker();
         many_services(&mut t);
@@ -1193,6 +1205,7 @@ fn a_full_resync_repairs_drift_anywhere_and_rewrites_only_the_drifted_chains() {
         let kernel = KernelTables {
             filter: kernel_table(&drifted, Table::Filter).unwrap(),
             nat: kernel_table(&drifted, Table::Nat).unwrap(),
+            ..KernelTables::default()
         };
         let cfg = p.render_config(&snap).unwrap();
         let upstream =
@@ -1221,10 +1234,10 @@ fn a_full_resync_repairs_drift_anywhere_and_rewrites_only_the_drifted_chains() {
         ]
         .into();
         assert_eq!(declared(&sent), expected, "{version:?}:\n{sent}");
-        // And a resync now rewrites nothing.
-        p.sync(&snap, &full).unwrap();
-        let sent = String::from_utf8(p.runner().last_payload().unwrap()).unwrap();
-        assert_eq!(declared(&sent), BTreeSet::new());
+        // And a resync now writes nothing.
+        let restores = p.runner().restore_count();
+        assert_eq!(p.sync(&snap, &full).unwrap().payload_bytes, 0);
+        assert_eq!(p.runner().restore_count(), restores);
     }
 }
 
@@ -1242,12 +1255,9 @@ fn a_resync_of_the_tree_layout_rewrites_nothing_that_is_unchanged() {
         ..Changes::default()
     };
     let (snap, _) = t.checkout();
-    p.sync(&snap, &full).unwrap();
-    let sent = String::from_utf8(p.runner().last_payload().unwrap()).unwrap();
-    assert_eq!(
-        sent,
-        format!("*filter\nCOMMIT\n*nat\nCOMMIT\n{}", canary::CANARY_BLOCKS)
-    );
+    let restores = p.runner().restore_count();
+    assert_eq!(p.sync(&snap, &full).unwrap().payload_bytes, 0);
+    assert_eq!(p.runner().restore_count(), restores);
     // One Service gone: its chains are stale, its leaf and KUBE-SERVICES' path rewritten.
     t.apply(SourceEvent::ServiceDelete(NamespacedName::new(
         "default", "big-7",

@@ -586,6 +586,7 @@ impl<I: Iptables> IpvsProxier<I> {
         Ok(KernelTables {
             filter: read(Table::Filter)?,
             nat: read(Table::Nat)?,
+            ..KernelTables::default()
         })
     }
 }

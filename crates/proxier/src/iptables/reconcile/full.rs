@@ -24,7 +24,9 @@
 //! - [`Layout::One`], one transaction per table (the legacy backend, `-Z`, or a small nat
 //!   block): upstream's payload minus the unchanged chains, byte for byte in its order —
 //!   filter, then nat with every declaration first (changed chains, then the stale ones), the
-//!   missing jumps, the rules, the stale chains' deletions — then the canary blocks.
+//!   missing jumps, the rules, the stale chains' deletions — then the canary blocks. A table
+//!   with nothing to write gets no block, and a canary that is there (empty) no block either:
+//!   the resync of an unchanged node sends nothing and does not run the tool.
 //! - [`Layout::Split`], the nf_tables backend's several nat transactions, in the order of
 //!   [`super::split`]: the fixed chains that jump to no per-Service chain, then the
 //!   per-Service chains, whole Services per block of about [`SplitPolicy::budget`] lines, then
@@ -35,12 +37,16 @@
 use std::collections::HashMap;
 use std::io::{self, Write};
 
-use super::super::canary::CANARY_BLOCKS;
+use std::fmt::Write as _;
+
+use kp_netfilter::Table;
+
+use super::super::canary::{CANARY_TABLES, KUBE_PROXY_CANARY};
 use super::super::names::is_service_chain;
 use super::super::render::{
     FastBuild, RenderCache, RenderConfig, Rendered, ServiceRules, Stream, render_streamed,
 };
-use super::digest::{ChainHasher, OurChains};
+use super::digest::{ChainHasher, OurChains, chain_digest};
 use super::split::{SplitPolicy, jump_target};
 use super::{KernelTables, missing_jumps, stale_in_kernel};
 
@@ -220,14 +226,24 @@ pub struct FullSync {
     /// Why the payload was not split although the policy asked for it, if so.
     pub unsplit: Option<String>,
     zero_counters: bool,
-    /// The whole filter block.
+    /// The whole filter block (empty when it would write nothing).
     filter_block: String,
+    /// The canary blocks of the tables whose canary is not there, empty, already.
+    canary_blocks: String,
     /// The missing jumps from nat's built-in chains.
     nat_jumps: String,
     /// nat's fixed and dispatch chains, by name.
     fixed: HashMap<String, Fixed, FastBuild>,
     /// Some per-Service chain is unchanged (else every declaration is written as rendered).
     any_kept: bool,
+}
+
+impl FullSync {
+    /// Whether the payload would be empty: no chain to write, nothing stale, no jump missing,
+    /// every canary in place (an unchanged node's resync).
+    pub fn is_empty(&self) -> bool {
+        self.filter_block.is_empty() && self.nat_lines == 0 && self.canary_blocks.is_empty()
+    }
 }
 
 /// Digests the rules of `text` per chain of `names` (chains of other lines are ignored).
@@ -299,6 +315,10 @@ pub fn plan(
         }
     }
     filter_block.push_str("COMMIT\n");
+    if filter_block == "*filter\nCOMMIT\n" {
+        // Nothing to write: not even the (otherwise empty) transaction.
+        filter_block.clear();
+    }
 
     // nat's fixed and dispatch chains.
     let fixed_names: Vec<&str> = rendered
@@ -374,6 +394,26 @@ pub fn plan(
             Layout::One
         }
     };
+    // The canaries: a block for each table where the canary is missing or not empty.
+    let empty_canary = chain_digest(KUBE_PROXY_CANARY, []);
+    let mut canary_blocks = String::new();
+    for table in CANARY_TABLES {
+        let there = kernel.as_deref().is_some_and(|k| {
+            let t = match table {
+                Table::Mangle => &k.mangle,
+                Table::Nat => &k.nat,
+                _ => &k.filter,
+            };
+            t.ours.digest(KUBE_PROXY_CANARY) == Some(empty_canary)
+        });
+        if !there {
+            let _ = write!(
+                canary_blocks,
+                "*{}\n:{KUBE_PROXY_CANARY} - [0:0]\nCOMMIT\n",
+                table.name()
+            );
+        }
+    }
     FullSync {
         layout,
         stale,
@@ -382,6 +422,7 @@ pub fn plan(
         unsplit,
         zero_counters: opts.zero_counters,
         filter_block,
+        canary_blocks,
         nat_jumps,
         fixed,
         any_kept: measured.kept_chains > 0,
@@ -496,6 +537,7 @@ impl<'a, W: Write> Writer<'a, W> {
         let (plan, rendered) = (self.plan, self.rendered);
         self.put(&plan.filter_block);
         match plan.layout {
+            Layout::One if plan.nat_lines == 0 => {}
             Layout::One => {
                 self.put("*nat\n");
                 if plan.zero_counters {
@@ -634,6 +676,7 @@ impl<'a, W: Write> Writer<'a, W> {
         let plan = self.plan;
         let stale = &plan.stale;
         match plan.layout {
+            Layout::One if plan.nat_lines == 0 => {}
             Layout::One => {
                 for c in stale {
                     self.put("-X ");
@@ -683,7 +726,7 @@ impl<'a, W: Write> Writer<'a, W> {
                 }
             }
         }
-        self.put(CANARY_BLOCKS);
+        self.put(&plan.canary_blocks);
         match self.error {
             Some(e) => Err(e),
             None => Ok((self.out.bytes, self.nat_transactions)),

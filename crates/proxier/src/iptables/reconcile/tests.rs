@@ -88,6 +88,7 @@ fn existing_jumps_are_not_duplicated_and_stale_chains_deleted() {
                 Some("KUBE-SERVICES"),
             )],
         ),
+        ..KernelTables::default()
     };
     let (p, stale) = full_payload(
         &rendered(&["KUBE-SERVICES", "KUBE-SVC-A"], &["KUBE-SVC-A"]),
@@ -190,6 +191,7 @@ fn cleanup_removes_only_ours() {
                 ),
             ],
         ),
+        ..KernelTables::default()
     };
     let plan = cleanup_payload(&kernel);
     let p = plan.payload.unwrap();
@@ -232,6 +234,7 @@ fn cleanup_keeps_a_kube_firewall_with_foreign_rules() {
             ],
         ),
         nat: KernelTable::default(),
+        ..KernelTables::default()
     };
     let plan = cleanup_payload(&kernel);
     assert!(plan.payload.is_none());
@@ -243,6 +246,7 @@ fn cleanup_of_a_clean_node_does_nothing() {
     let kernel = KernelTables {
         filter: table(&["INPUT", "FORWARD", "OUTPUT"], &[]),
         nat: table(&["PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"], &[]),
+        ..KernelTables::default()
     };
     assert_eq!(cleanup_payload(&kernel), CleanupPlan::default());
 }
