@@ -946,8 +946,7 @@ fn small_clusters_get_upstreams_rules_in_the_tree_layout() {
     assert_contains_in_chain_order(&save(&p), &rule_lines(SEED_EXPECTED_IPTABLES));
 }
 
-/// 1,200 Services × 4 endpoints, every third with a NodePort: a payload of several
-/// [`render::STREAM_PIECE`]s.
+/// 1,200 Services × 4 endpoints, every third with a NodePort: a payload of about 2 MiB.
 fn many_services(t: &mut Tracker) {
     for i in 0..1200u32 {
         let name = format!("svc-{i}");
