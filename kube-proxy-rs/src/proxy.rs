@@ -665,7 +665,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             }
         };
         // One sync loop per family (upstream's dual-stack "meta proxier"); every batch of
-        // events goes to each of them.
+        // events is split between them (kp_track::split_by_family).
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut loops = tokio::task::JoinSet::new();
         let mut servers = tokio::task::JoinSet::new();
@@ -700,7 +700,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         for (i, family) in families.into_iter().enumerate() {
             let observer: Arc<dyn kp_runtime::SyncObserver> = Arc::new(crate::admin::Observer::new(admin.clone(), i == 0));
             let (ftx, frx) = mpsc::channel(64);
-            senders.push(ftx);
+            senders.push((family, ftx));
             let tracker = Tracker::new(family, node.clone()).with_primary_ip(args.bind_address);
             // One warning about a missing own Node, not one per family.
             let tracker = if i == 0 { tracker } else { tracker.without_missing_node_warning() };
@@ -838,14 +838,13 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             admin.metrics.set_userspace(Arc::new(relays.clone()));
         }
         let fan_out = tokio::spawn(async move {
+            let families: Vec<IpFamily> = senders.iter().map(|(f, _)| *f).collect();
             while let Some(batch) = rx.recv().await {
-                // Each family's tracker keeps what it takes from the batch: the last one
-                // gets the batch itself, not a copy.
-                if let Some((last, others)) = senders.split_last() {
-                    for s in others {
-                        let _ = s.send(batch.clone()).await;
-                    }
-                    let _ = last.send(batch).await;
+                // Each family's tracker gets whole only the objects it keeps (a Service with
+                // a ClusterIP of its family, a slice of its addressType), the others as a
+                // delete of their name: no tracker holds a copy of the whole batch.
+                for ((_, s), share) in senders.iter().zip(kp_track::split_by_family(batch, &families)) {
+                    let _ = s.send(share).await;
                 }
             }
         });

@@ -13,10 +13,16 @@
 //! - [`categorize`] implements endpoint selection: traffic policies, topology hints and the
 //!   terminating-endpoint fallback (upstream's `CategorizeEndpoints`).
 //!
+//! - [`split_by_family`] cuts a source batch into what each family's tracker of a
+//!   dual-stack node keeps, so no tracker gets a copy of objects it would drop.
+//!
 //! Nothing here does I/O or depends on the Kubernetes API types.
 
+mod fan_out;
 mod topology;
 mod tracker;
+
+pub use fan_out::split_by_family;
 
 pub use topology::{Categorized, categorize};
 pub use tracker::{PendingChanges, Tracker};

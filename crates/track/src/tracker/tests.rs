@@ -718,3 +718,192 @@ fn a_tracker_keeps_only_services_of_its_family() {
     assert!(t4.apply(SourceEvent::ServiceUpsert(v4)));
     assert_eq!(t4.services.len(), 1);
 }
+
+/// One event of a dual-stack source, for [`split_batches_act_like_whole_ones`].
+#[derive(Debug, Clone)]
+enum DualOp {
+    /// A Service with ClusterIPs of these families (neither: headless-like, none kept).
+    Service {
+        svc: usize,
+        v4: bool,
+        v6: bool,
+    },
+    DeleteService {
+        svc: usize,
+    },
+    /// A slice of one family with endpoints `eps` (last octet / group).
+    Slice {
+        slice: usize,
+        owner: usize,
+        v6: bool,
+        eps: Vec<u8>,
+    },
+    DeleteSlice {
+        slice: usize,
+    },
+    Node {
+        zone: u8,
+    },
+}
+
+fn dual_op() -> impl Strategy<Value = DualOp> {
+    prop_oneof![
+        (0..4usize, any::<bool>(), any::<bool>()).prop_map(|(svc, v4, v6)| DualOp::Service {
+            svc,
+            v4,
+            v6
+        }),
+        (0..4usize).prop_map(|svc| DualOp::DeleteService { svc }),
+        (
+            0..6usize,
+            0..4usize,
+            any::<bool>(),
+            prop::collection::vec(1..6u8, 0..3)
+        )
+            .prop_map(|(slice, owner, v6, eps)| DualOp::Slice {
+                slice,
+                owner,
+                v6,
+                eps
+            }),
+        (0..6usize).prop_map(|slice| DualOp::DeleteSlice { slice }),
+        (0..2u8).prop_map(|zone| DualOp::Node { zone }),
+    ]
+}
+
+fn dual_event(op: &DualOp) -> SourceEvent {
+    match op {
+        DualOp::Service { svc: i, v4, v6 } => {
+            let mut s = svc(&format!("svc{i}"), "10.96.0.1", &[("http", 80)]);
+            s.cluster_ips.clear();
+            if *v4 {
+                s.cluster_ips.push(ip(&format!("10.96.0.{}", i + 1)));
+            }
+            if *v6 {
+                s.cluster_ips.push(ip(&format!("fd00:96::{}", i + 1)));
+            }
+            SourceEvent::ServiceUpsert(s)
+        }
+        DualOp::DeleteService { svc } => {
+            SourceEvent::ServiceDelete(NamespacedName::new("default", format!("svc{svc}")))
+        }
+        DualOp::Slice {
+            slice: i,
+            owner,
+            v6,
+            eps,
+        } => {
+            let mut s = slice(
+                &format!("slice{i}"),
+                &format!("svc{owner}"),
+                &[("http", 8080)],
+                &[],
+            );
+            s.endpoints = eps
+                .iter()
+                .map(|last| {
+                    let a = if *v6 {
+                        format!("fd00::{last}")
+                    } else {
+                        format!("10.0.0.{last}")
+                    };
+                    EndpointEntry::ready(ip(&a), Some("n1"))
+                })
+                .collect();
+            if *v6 {
+                s.address_type = SliceAddressType::V6;
+            }
+            SourceEvent::SliceUpsert(s)
+        }
+        DualOp::DeleteSlice { slice } => {
+            SourceEvent::SliceDelete(NamespacedName::new("default", format!("slice{slice}")))
+        }
+        DualOp::Node { zone } => {
+            let mut n = Node {
+                name: "n1".into(),
+                ..Default::default()
+            };
+            n.labels
+                .insert("topology.kubernetes.io/zone".into(), format!("z{zone}"));
+            SourceEvent::NodeUpsert(n)
+        }
+    }
+}
+
+proptest! {
+    /// The dual-stack fan-out ([`crate::split_by_family`]): each family's tracker fed its
+    /// share of every batch reports the same changes and checks out the same snapshot as one
+    /// fed every whole batch, as the daemon did before the split.
+    #[test]
+    fn split_batches_act_like_whole_ones(
+        batches in prop::collection::vec(prop::collection::vec(dual_op(), 0..8), 1..6),
+    ) {
+        let families = [IpFamily::V4, IpFamily::V6];
+        let mut whole: Vec<Tracker> = families.iter().map(|f| Tracker::new(*f, "n1")).collect();
+        let mut split: Vec<Tracker> = families.iter().map(|f| Tracker::new(*f, "n1")).collect();
+        for t in whole.iter_mut().chain(split.iter_mut()) {
+            synced(t);
+        }
+        for ops in batches {
+            let batch: Vec<SourceEvent> = ops.iter().map(dual_event).collect();
+            let shares = crate::split_by_family(batch.clone(), &families);
+            prop_assert_eq!(shares.len(), 2);
+            for (i, share) in shares.into_iter().enumerate() {
+                prop_assert_eq!(share.len(), batch.len());
+                let a = batch.iter().fold(false, |c, e| whole[i].apply(e.clone()) | c);
+                let b = share.into_iter().fold(false, |c, e| split[i].apply(e) | c);
+                prop_assert_eq!(a, b);
+                let (snap_a, changes_a) = whole[i].checkout();
+                let (snap_b, changes_b) = split[i].checkout();
+                prop_assert_eq!(&*snap_a, &*snap_b);
+                prop_assert_eq!(changes_a, changes_b);
+            }
+        }
+    }
+}
+
+/// A batch for one family is passed through untouched; a dual-stack Service goes whole to
+/// both families, a single-family one whole to its family and as a delete to the other.
+#[test]
+fn split_by_family_sends_each_object_whole_only_where_it_is_kept() {
+    let v4 = svc("a", "10.96.0.1", &[("", 80)]);
+    let mut dual = svc("b", "10.96.0.2", &[("", 80)]);
+    dual.cluster_ips.push(ip("fd00::2"));
+    let mut s6 = slice("b-1", "b", &[("", 80)], &[]);
+    s6.address_type = SliceAddressType::V6;
+    let batch = vec![
+        SourceEvent::ServiceUpsert(v4.clone()),
+        SourceEvent::ServiceUpsert(dual.clone()),
+        SourceEvent::SliceUpsert(s6.clone()),
+        SourceEvent::Synced(ObjectKind::Service),
+    ];
+    let one = crate::split_by_family(batch.clone(), &[IpFamily::V6]);
+    assert_eq!(one, vec![batch]);
+    let two = crate::split_by_family(
+        vec![
+            SourceEvent::ServiceUpsert(v4.clone()),
+            SourceEvent::ServiceUpsert(dual.clone()),
+            SourceEvent::SliceUpsert(s6.clone()),
+            SourceEvent::Synced(ObjectKind::Service),
+        ],
+        &[IpFamily::V4, IpFamily::V6],
+    );
+    assert_eq!(
+        two[0],
+        vec![
+            SourceEvent::ServiceUpsert(v4.clone()),
+            SourceEvent::ServiceUpsert(dual.clone()),
+            SourceEvent::SliceDelete(s6.name.clone()),
+            SourceEvent::Synced(ObjectKind::Service),
+        ]
+    );
+    assert_eq!(
+        two[1],
+        vec![
+            SourceEvent::ServiceDelete(v4.name.clone()),
+            SourceEvent::ServiceUpsert(dual),
+            SourceEvent::SliceUpsert(s6),
+            SourceEvent::Synced(ObjectKind::Service),
+        ]
+    );
+}
