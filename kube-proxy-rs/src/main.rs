@@ -3,6 +3,7 @@
 //! subcommand (`sandbox`).
 
 mod admin;
+mod arena;
 mod cli;
 mod compat;
 mod config;
@@ -98,7 +99,20 @@ fn main() -> ExitCode {
             trace::run(args)
         }
         None => {
+            // The daemon (and --once) runs with one malloc arena; a dry run writes no rules
+            // and keeps glibc's default. No thread exists yet.
+            let exec_error = if cli.proxy.dry_run {
+                None
+            } else {
+                arena::one_arena()
+            };
             init_tracing(cli.proxy.verbosity);
+            if let Some(e) = exec_error {
+                tracing::warn!(
+                    "cannot re-execute with {}=1 (one malloc arena, a lower peak RSS): {e}",
+                    arena::ARENA_MAX
+                );
+            }
             compat::log_noop_flags(&cli.proxy, |id| {
                 matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
             });

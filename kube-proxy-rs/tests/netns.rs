@@ -581,6 +581,44 @@ fn daemon_stops_cleanly_on_signals(mode: Mode) {
     }
 }
 
+/// The daemon runs with one glibc malloc arena: started without `MALLOC_ARENA_MAX`, it
+/// re-executes itself with `MALLOC_ARENA_MAX=1` (the same PID, arguments and rules); an
+/// operator's own value is kept.
+#[test]
+fn the_daemon_runs_with_one_malloc_arena_unless_told_otherwise() {
+    if !require_root() {
+        return;
+    }
+    for (given, expected) in [(None, "1"), (Some("3"), "3")] {
+        let dir = tempdir();
+        let manifest = seed_and_extra_manifest(dir.path());
+        let ns = Netns::new("arena").unwrap();
+        let mut args = vec!["--manifests", manifest.as_str()];
+        args.extend(NODE_ARGS);
+        let env = [("MALLOC_ARENA_MAX", given), ("GLIBC_TUNABLES", None)];
+        let mut proxy = Daemon::start_with_env(Mode::Iptables, &ns, dir.path(), &args, None, &env);
+        proxy.wait_programmed(&ns);
+        let environ = std::fs::read(format!("/proc/{}/environ", proxy.guard.id())).unwrap();
+        let value = environ
+            .split(|b| *b == 0)
+            .find_map(|v| v.strip_prefix(b"MALLOC_ARENA_MAX="))
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        assert_eq!(
+            value.as_deref(),
+            Some(expected),
+            "given {given:?}\n{}",
+            proxy.log()
+        );
+        // The arguments survived the re-execution.
+        let cmdline = std::fs::read(format!("/proc/{}/cmdline", proxy.guard.id())).unwrap();
+        assert!(
+            cmdline.split(|b| *b == 0).any(|a| a == manifest.as_bytes()),
+            "{}",
+            String::from_utf8_lossy(&cmdline)
+        );
+    }
+}
+
 #[test]
 fn daemon_stops_cleanly_on_signals_iptables() {
     daemon_stops_cleanly_on_signals(Mode::Iptables);

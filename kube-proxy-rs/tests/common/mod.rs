@@ -253,6 +253,19 @@ impl Daemon {
         args: &[&str],
         path_prefix: Option<&Path>,
     ) -> Daemon {
+        Daemon::start_with_env(mode, ns, dir, args, path_prefix, &[])
+    }
+
+    /// [`Daemon::start`] with `env` added to the daemon's environment (a value of `None`
+    /// removes the variable).
+    pub fn start_with_env(
+        mode: Mode,
+        ns: &Netns,
+        dir: &Path,
+        args: &[&str],
+        path_prefix: Option<&Path>,
+        env: &[(&str, Option<&str>)],
+    ) -> Daemon {
         let log = dir.join("proxy.log");
         let file = std::fs::File::create(&log).unwrap();
         let mut cmd = ns.command(BIN);
@@ -272,6 +285,12 @@ impl Daemon {
                 std::env::var("PATH").unwrap_or_default()
             );
             cmd.env("PATH", path);
+        }
+        for (key, value) in env {
+            match value {
+                Some(v) => cmd.env(key, v),
+                None => cmd.env_remove(key),
+            };
         }
         let guard = ChildGuard::spawn(&mut cmd, "kube-proxy-rs").unwrap();
         Daemon { guard, log, mode }
