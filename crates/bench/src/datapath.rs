@@ -410,8 +410,7 @@ fn add_probed(snap: &mut Snapshot, backends: &[IpAddr]) -> [(String, IpAddr); 2]
                     ready: true,
                     serving: true,
                     terminating: false,
-                    zone_hints: None,
-                    node_hints: None,
+                    topology: None,
                 })
                 .collect();
             eps.sort_by_key(|e| e.to_string());

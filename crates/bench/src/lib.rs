@@ -433,8 +433,7 @@ pub fn scale_service(i: usize, endpoints: usize) -> (Arc<ServicePortInfo>, Arc<[
             ready: true,
             serving: true,
             terminating: false,
-            zone_hints: None,
-            node_hints: None,
+            topology: None,
         })
         .collect();
     (Arc::new(info), eps.into())

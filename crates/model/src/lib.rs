@@ -27,9 +27,9 @@ pub use names::{
     validate_port_name, validate_service_name,
 };
 pub use object::{
-    EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, LoadBalancerIngress,
-    LoadBalancerIpMode, Node, Service, ServicePortSpec, ServiceType, SessionAffinity,
-    SliceAddressType, TrafficDistribution, TrafficPolicy,
+    EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, EndpointTopology,
+    LoadBalancerIngress, LoadBalancerIpMode, Node, Service, ServicePortSpec, ServiceType,
+    SessionAffinity, SliceAddressType, TrafficDistribution, TrafficPolicy,
 };
 pub use shared::{HintSet, Interner, SharedStr};
 pub use snapshot::{Changes, Endpoint, ServicePortInfo, Snapshot};

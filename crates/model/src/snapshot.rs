@@ -9,8 +9,8 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use crate::{
-    HintSet, IpFamily, NamespacedName, ServicePortName, ServiceType, SessionAffinity,
-    TrafficDistribution,
+    EndpointTopology, HintSet, IpFamily, NamespacedName, ServicePortName, ServiceType,
+    SessionAffinity, TrafficDistribution,
 };
 
 /// One port of one Service in one IP family: upstream kube-proxy's `ServicePort`.
@@ -89,10 +89,21 @@ pub struct Endpoint {
     pub serving: bool,
     /// Terminating.
     pub terminating: bool,
+    /// The slice entry's zone and hints, when it has any: the tracker's allocation, shared
+    /// (an endpoint is 32 bytes; with the two hint sets inline it was 56).
+    pub topology: Option<Arc<EndpointTopology>>,
+}
+
+impl Endpoint {
     /// Zone hints, when the slice carries hints.
-    pub zone_hints: Option<HintSet>,
+    pub fn zone_hints(&self) -> Option<&HintSet> {
+        self.topology.as_ref().and_then(|t| t.zone_hints.as_ref())
+    }
+
     /// Node hints, when the slice carries hints.
-    pub node_hints: Option<HintSet>,
+    pub fn node_hints(&self) -> Option<&HintSet> {
+        self.topology.as_ref().and_then(|t| t.node_hints.as_ref())
+    }
 }
 
 impl fmt::Display for Endpoint {

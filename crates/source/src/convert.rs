@@ -39,9 +39,9 @@ use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kp_model::{
-    EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, HintSet, Interner,
-    LoadBalancerIngress, LoadBalancerIpMode, NameError, NamespacedName, Node, Protocol, Service,
-    ServicePortSpec, ServiceType, SessionAffinity, SliceAddressType, TrafficDistribution,
+    EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, EndpointTopology, HintSet,
+    Interner, LoadBalancerIngress, LoadBalancerIpMode, NameError, NamespacedName, Node, Protocol,
+    Service, ServicePortSpec, ServiceType, SessionAffinity, SliceAddressType, TrafficDistribution,
     TrafficPolicy, validate_dns_label, validate_dns_subdomain, validate_port_name,
     validate_service_name,
 };
@@ -758,9 +758,7 @@ fn endpoint_entry(
         address,
         conditions,
         node_name,
-        zone,
-        zone_hints,
-        node_hints,
+        topology: EndpointTopology::of(zone, zone_hints, node_hints),
     })
 }
 

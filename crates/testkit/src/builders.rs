@@ -15,9 +15,10 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use kp_model::{
-    EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, IpFamily, LoadBalancerIngress,
-    LoadBalancerIpMode, NamespacedName, Node, ObjectKind, Protocol, Service, ServicePortSpec,
-    ServiceType, SessionAffinity, SliceAddressType, Snapshot, SourceEvent, TrafficPolicy,
+    EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, EndpointTopology, IpFamily,
+    LoadBalancerIngress, LoadBalancerIpMode, NamespacedName, Node, ObjectKind, Protocol, Service,
+    ServicePortSpec, ServiceType, SessionAffinity, SliceAddressType, Snapshot, SourceEvent,
+    TrafficPolicy,
 };
 use kp_track::Tracker;
 
@@ -232,7 +233,8 @@ impl SliceBuilder {
     /// Sets zone hints on the last endpoint.
     pub fn zone_hints(mut self, zones: &[&str]) -> Self {
         if let Some(e) = self.slice.endpoints.last_mut() {
-            e.zone_hints = Some(zones.iter().map(|z| z.to_string()).collect());
+            EndpointTopology::edit(&mut e.topology).zone_hints =
+                Some(zones.iter().map(|z| z.to_string()).collect());
         }
         self
     }
@@ -240,7 +242,8 @@ impl SliceBuilder {
     /// Sets node hints on the last endpoint.
     pub fn node_hints(mut self, nodes: &[&str]) -> Self {
         if let Some(e) = self.slice.endpoints.last_mut() {
-            e.node_hints = Some(nodes.iter().map(|n| n.to_string()).collect());
+            EndpointTopology::edit(&mut e.topology).node_hints =
+                Some(nodes.iter().map(|n| n.to_string()).collect());
         }
         self
     }

@@ -46,11 +46,11 @@ fn topology_mode(endpoints: &[Endpoint], node_name: &str, zone: Option<&str>) ->
     let mut any_ready = false;
     for ep in endpoints.iter().filter(|e| e.ready) {
         any_ready = true;
-        match &ep.node_hints {
+        match ep.node_hints() {
             Some(h) if !h.is_empty() => hint_for_node |= h.contains(node_name),
             _ => all_node_hints = false,
         }
-        match &ep.zone_hints {
+        match ep.zone_hints() {
             Some(h) if !h.is_empty() => hint_for_zone |= zone.is_some_and(|z| h.contains(z)),
             _ => all_zone_hints = false,
         }
@@ -70,13 +70,9 @@ fn topology_mode(endpoints: &[Endpoint], node_name: &str, zone: Option<&str>) ->
 fn topology_allows(ep: &Endpoint, mode: TopologyMode, node_name: &str, zone: Option<&str>) -> bool {
     match mode {
         TopologyMode::None => true,
-        TopologyMode::SameNode => ep
-            .node_hints
-            .as_ref()
-            .is_some_and(|h| h.contains(node_name)),
+        TopologyMode::SameNode => ep.node_hints().is_some_and(|h| h.contains(node_name)),
         TopologyMode::SameZone => ep
-            .zone_hints
-            .as_ref()
+            .zone_hints()
             .is_some_and(|h| zone.is_some_and(|z| h.contains(z))),
     }
 }
@@ -168,7 +164,7 @@ pub fn categorize<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kp_model::HintSet;
+    use kp_model::{EndpointTopology, HintSet};
     use kp_model::{NamespacedName, Protocol, ServicePortName, ServiceType, SessionAffinity};
 
     fn info(internal_local: bool, external_local: bool, node_port: bool) -> ServicePortInfo {
@@ -201,8 +197,7 @@ mod tests {
             ready,
             serving,
             terminating,
-            zone_hints: None,
-            node_hints: None,
+            topology: None,
         }
     }
 
@@ -269,7 +264,9 @@ mod tests {
 
     #[test]
     fn topology_hints() {
-        let zone = |e: &mut Endpoint, z: &str| e.zone_hints = Some(HintSet::from_iter([z]));
+        let zone = |e: &mut Endpoint, z: &str| {
+            EndpointTopology::edit(&mut e.topology).zone_hints = Some(HintSet::from_iter([z]))
+        };
         let mut a = ep(1, false, true, true, false);
         let mut b = ep(2, false, true, true, false);
         zone(&mut a, "za");
@@ -291,8 +288,8 @@ mod tests {
         let c = categorize(&info(false, false, false), &eps2, "n1", &labels);
         assert_eq!(c.cluster.len(), 2);
         // Node hints win over zone hints when every endpoint has them and one names this node.
-        a.node_hints = Some(HintSet::from_iter(["n1"]));
-        b.node_hints = Some(HintSet::from_iter(["n2"]));
+        EndpointTopology::edit(&mut a.topology).node_hints = Some(HintSet::from_iter(["n1"]));
+        EndpointTopology::edit(&mut b.topology).node_hints = Some(HintSet::from_iter(["n2"]));
         let eps = vec![a, b];
         let c = categorize(&info(false, false, false), &eps, "n1", &labels);
         assert_eq!(ips(&c.cluster), ["10.0.0.1:80"]);

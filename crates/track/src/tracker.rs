@@ -616,8 +616,7 @@ pub(crate) fn merge_slices(
                     ready: entry.conditions.ready,
                     serving: entry.conditions.serving,
                     terminating: entry.conditions.terminating,
-                    zone_hints: entry.zone_hints.clone(),
-                    node_hints: entry.node_hints.clone(),
+                    topology: entry.topology.clone(),
                 };
                 let key = EndpointKey::of(&ep);
                 match set.get(&key) {

@@ -188,8 +188,7 @@ mod tests {
             ready: true,
             serving: true,
             terminating: false,
-            zone_hints: None,
-            node_hints: None,
+            topology: None,
         }
     }
 

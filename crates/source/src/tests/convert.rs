@@ -431,9 +431,12 @@ fn slice_defaults_and_fields() {
     assert_eq!(a.address, ip("10.0.0.1"));
     assert_eq!(a.conditions, EndpointConditions::default());
     assert_eq!(a.node_name.as_deref(), Some("n1"));
-    assert_eq!(a.zone.as_deref(), Some("zone-a"));
-    assert_eq!(a.zone_hints, Some(kp_model::HintSet::from_iter(["zone-a"])));
-    assert_eq!(a.node_hints, Some(kp_model::HintSet::from_iter(["n1"])));
+    assert_eq!(a.zone().map(|z| z.as_str()), Some("zone-a"));
+    assert_eq!(
+        a.zone_hints(),
+        Some(&kp_model::HintSet::from_iter(["zone-a"]))
+    );
+    assert_eq!(a.node_hints(), Some(&kp_model::HintSet::from_iter(["n1"])));
     assert_eq!(
         b.conditions,
         EndpointConditions {
@@ -442,7 +445,7 @@ fn slice_defaults_and_fields() {
             terminating: true
         }
     );
-    assert_eq!((b.node_name.as_ref(), b.zone_hints.as_ref()), (None, None));
+    assert_eq!((b.node_name.as_ref(), b.topology.as_ref()), (None, None));
 }
 
 #[test]
