@@ -102,7 +102,19 @@ fn api_source_programs_survives_outages_and_relists() {
         healthz.contains("\"healthy\":true") && healthz.contains("\"nodeEligible\":true"),
         "{healthz}"
     );
-    let metrics = get(10249, "/metrics");
+    // The rules reach the kernel a moment before the sync loop records the sync in the
+    // metrics (which clears the pending changes): read them once that has happened.
+    let started = std::time::Instant::now();
+    let metrics = loop {
+        let m = get(10249, "/metrics");
+        if m.lines()
+            .any(|l| l == "kubeproxy_sync_proxy_rules_endpoint_changes_pending 0")
+            || started.elapsed() > Duration::from_secs(10)
+        {
+            break m;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     assert!(
         metrics.contains("kubeproxy_sync_proxy_rules_duration_seconds_bucket"),
         "{metrics}"
