@@ -390,27 +390,28 @@ impl Tracker {
         // The Service's ports are a contiguous range of the maps (ServicePortNames order by
         // Service first; the empty port name and TCP sort first).
         let first = ServicePortName::new(name.clone(), "", Protocol::Tcp);
-        let old: Vec<ServicePortName> = self
+        let old: Vec<(ServicePortName, Arc<ServicePortInfo>)> = self
             .current
             .services
             .range(first..)
-            .map(|(spn, _)| spn)
-            .take_while(|spn| spn.service == *name)
-            .cloned()
+            .take_while(|(spn, _)| spn.service == *name)
+            .map(|(spn, info)| (spn.clone(), info.clone()))
             .collect();
+        // What the Service claimed: its ports as last checked out.
+        let old_claims = claims::destinations(old.iter().map(|(_, info)| &**info));
         if !old.is_empty() {
             let current = Arc::make_mut(&mut self.current);
-            for spn in old {
+            for (spn, _) in old {
                 current.services.remove(&spn);
                 current.endpoints.remove(&spn);
             }
         }
         let Some(svc) = self.services.get(name) else {
-            self.claim(name, Vec::new());
+            self.claim(name, &old_claims, &[]);
             return;
         };
         let infos = service_port_infos(svc, self.family);
-        self.claim(name, claims::destinations(&infos));
+        self.claim(name, &old_claims, &claims::destinations(&infos));
         if infos.is_empty() {
             return;
         }
@@ -433,8 +434,13 @@ impl Tracker {
 impl Tracker {
     /// Records what `name` claims now, and warns about each conflict with another Service
     /// that was not warned about before.
-    fn claim(&mut self, name: &NamespacedName, destinations: Vec<(Destination, Role)>) {
-        for conflict in self.claims.set(name, destinations) {
+    fn claim(
+        &mut self,
+        name: &NamespacedName,
+        old: &[(Destination, Role)],
+        destinations: &[(Destination, Role)],
+    ) {
+        for conflict in self.claims.set(name, old, destinations) {
             tracing::warn!(family = %self.family, "{conflict}");
         }
     }

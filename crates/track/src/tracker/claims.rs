@@ -104,7 +104,9 @@ impl fmt::Display for Conflict {
 
 /// The destinations of a Service port list: cluster IP, external IPs and load-balancer VIPs
 /// with the port, and the node port; each once (the first role wins).
-pub(crate) fn destinations(infos: &[ServicePortInfo]) -> Vec<(Destination, Role)> {
+pub(crate) fn destinations<'a>(
+    infos: impl IntoIterator<Item = &'a ServicePortInfo>,
+) -> Vec<(Destination, Role)> {
     let mut out: Vec<(Destination, Role)> = Vec::new();
     let mut push = |d: Destination, role: Role| {
         if !out.iter().any(|(seen, _)| *seen == d) {
@@ -133,24 +135,24 @@ pub(crate) fn destinations(infos: &[ServicePortInfo]) -> Vec<(Destination, Role)
 /// The destinations claimed by every Service, and the conflicts already warned about.
 #[derive(Debug, Default)]
 pub(crate) struct Claims {
-    /// Destination → the Services claiming it, in the order they claimed it.
+    /// Destination → the Services claiming it, in the order they claimed it. (What each
+    /// Service claims is not kept: the caller has it, from the snapshot's ports.)
     holders: HashMap<Destination, Vec<(NamespacedName, Role)>>,
-    /// Service → its destinations.
-    by_service: HashMap<NamespacedName, Vec<Destination>>,
     /// Conflicts warned about: the destination and the two Services, in name order.
     warned: HashSet<(Destination, NamespacedName, NamespacedName)>,
 }
 
 impl Claims {
-    /// Replaces the destinations of `service` (empty when it is gone or not proxied); returns
-    /// the conflicts not warned about before.
+    /// Replaces the destinations of `service`, `old` (what it claimed before, as this was
+    /// last given), by `claims` (empty when it is gone or not proxied); returns the conflicts
+    /// not warned about before.
     pub(crate) fn set(
         &mut self,
         service: &NamespacedName,
-        claims: Vec<(Destination, Role)>,
+        old: &[(Destination, Role)],
+        claims: &[(Destination, Role)],
     ) -> Vec<Conflict> {
-        let old = self.by_service.remove(service).unwrap_or_default();
-        for d in &old {
+        for (d, _) in old {
             if claims.iter().any(|(new, _)| new == d) {
                 continue;
             }
@@ -165,7 +167,7 @@ impl Claims {
                 .retain(|(wd, a, b)| wd != d || (a != service && b != service));
         }
         let mut conflicts = Vec::new();
-        for &(d, role) in &claims {
+        for &(d, role) in claims {
             let list = self.holders.entry(d).or_default();
             match list.iter_mut().find(|(name, _)| name == service) {
                 Some(entry) => entry.1 = role,
@@ -188,12 +190,6 @@ impl Claims {
                     });
                 }
             }
-        }
-        if !claims.is_empty() {
-            self.by_service.insert(
-                service.clone(),
-                claims.into_iter().map(|(d, _)| d).collect(),
-            );
         }
         conflicts
     }
