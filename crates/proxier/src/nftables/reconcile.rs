@@ -231,32 +231,6 @@ pub fn fixed_fingerprint(family: IpFamily, cfg: &RenderConfig) -> String {
     s
 }
 
-/// A [`std::fmt::Write`] over an [`std::io::Write`] that keeps the first I/O error (every
-/// later write fails at once) and counts the bytes written.
-struct IoText<'a> {
-    inner: &'a mut dyn std::io::Write,
-    error: Option<std::io::Error>,
-    bytes: usize,
-}
-
-impl std::fmt::Write for IoText<'_> {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        if self.error.is_some() {
-            return Err(std::fmt::Error);
-        }
-        match self.inner.write_all(s.as_bytes()) {
-            Ok(()) => {
-                self.bytes += s.len();
-                Ok(())
-            }
-            Err(e) => {
-                self.error = Some(e);
-                Err(std::fmt::Error)
-            }
-        }
-    }
-}
-
 /// Writes the text of a payload.
 struct Writer<'a> {
     out: &'a mut dyn std::fmt::Write,
@@ -475,11 +449,7 @@ pub fn write_full(
     state: &State,
     out: &mut dyn std::io::Write,
 ) -> std::io::Result<PayloadStats> {
-    let mut io = IoText {
-        inner: out,
-        error: None,
-        bytes: 0,
-    };
+    let mut io = crate::IoText::new(out);
     let mut w = Writer::new(family, &mut io);
     let fixed = fixed_chains(family, cfg);
     let _ = writeln!(
@@ -660,10 +630,7 @@ pub fn write_full(
         });
     }
     let mut stats = w.stats;
-    if let Some(e) = io.error {
-        return Err(e);
-    }
-    stats.bytes = io.bytes;
+    stats.bytes = io.finish()?;
     Ok(stats)
 }
 
