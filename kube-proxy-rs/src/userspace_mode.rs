@@ -157,7 +157,7 @@ impl PortalRelay for DryRelay {
                         l.service.to_string(),
                         l.scope,
                         l.affinity,
-                        l.endpoints.clone(),
+                        l.endpoints.to_vec(),
                     ))
                 })
                 .collect(),
@@ -215,53 +215,93 @@ fn split_key(key: &str) -> (&str, Scope) {
     }
 }
 
-impl kp_admin::UserspaceStats for Relays {
-    fn listeners(&self) -> Vec<kp_admin::UserspaceListenerStats> {
-        let mut out = Vec::new();
-        for (family, relay) in &self.relays {
-            for l in relay.listeners() {
-                let (spn, scope) = split_key(&l.key);
-                out.push(kp_admin::UserspaceListenerStats {
-                    ip_family: match family {
-                        IpFamily::V4 => "IPv4",
-                        IpFamily::V6 => "IPv6",
-                    },
-                    service_port: spn.to_string(),
-                    protocol: match l.protocol {
-                        kp_relay::Protocol::Tcp => "TCP",
-                        kp_relay::Protocol::Udp => "UDP",
-                    },
-                    scope: scope.as_str(),
-                    port: l.port,
-                    endpoints: l.endpoints.len(),
-                    active: l.active,
-                    accepted_total: l.accepted_total,
-                    dial_failures_total: l.dial_failures_total,
-                    no_endpoint_total: l.no_endpoint_total,
-                    rejected_total: l.rejected_total,
-                    bytes_total: l.bytes_total,
-                });
+impl Relays {
+    /// Visits at most `limit` listeners after the position `after`, in order (the relays in
+    /// turn, each in key order); returns the position to go on from when `limit` were
+    /// visited and more may follow, `None` at the end (see
+    /// [`kp_admin::UserspaceStats::visit`]). A position is `INDEX KEY` (after `KEY` of
+    /// `relays[INDEX]`) or `INDEX` (at the first listener of `relays[INDEX]`).
+    fn visit_relays(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        f: &mut dyn FnMut(IpFamily, &kp_relay::ListenerView<'_>),
+    ) -> Option<String> {
+        let (start, mut key) = match after {
+            None => (0, None),
+            Some(p) => match p.split_once(' ') {
+                Some((i, key)) => (i.parse::<usize>().ok()?, Some(key)),
+                None => (p.parse::<usize>().ok()?, None),
+            },
+        };
+        let mut left = limit;
+        for (i, (family, relay)) in self.relays.iter().enumerate().skip(start) {
+            let mut visited = 0;
+            let more = relay.visit_listeners(key.take(), left, &mut |l| {
+                visited += 1;
+                f(*family, l);
+            });
+            if let Some(last) = more {
+                return Some(format!("{i} {last}"));
+            }
+            left -= visited;
+            if left == 0 {
+                return (i + 1 < self.relays.len()).then(|| (i + 1).to_string());
             }
         }
-        out
+        None
+    }
+}
+
+impl kp_admin::UserspaceStats for Relays {
+    fn visit(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        f: &mut dyn FnMut(&kp_admin::UserspaceListenerStats<'_>),
+    ) -> Option<String> {
+        self.visit_relays(after, limit, &mut |family, l| {
+            let (spn, scope) = split_key(l.key);
+            f(&kp_admin::UserspaceListenerStats {
+                ip_family: match family {
+                    IpFamily::V4 => "IPv4",
+                    IpFamily::V6 => "IPv6",
+                },
+                service_port: spn,
+                protocol: match l.protocol {
+                    kp_relay::Protocol::Tcp => "TCP",
+                    kp_relay::Protocol::Udp => "UDP",
+                },
+                scope: scope.as_str(),
+                port: l.port,
+                endpoints: l.endpoints.len(),
+                active: l.active,
+                accepted_total: l.accepted_total,
+                dial_failures_total: l.dial_failures_total,
+                no_endpoint_total: l.no_endpoint_total,
+                rejected_total: l.rejected_total,
+                bytes_total: l.bytes_total,
+            });
+        })
     }
 
-    fn table(&self) -> String {
-        let mut table = UserspaceTable::default();
-        for (family, relay) in &self.relays {
-            for l in relay.listeners() {
-                let (spn, scope) = split_key(&l.key);
-                table.listeners.push(table_row(
-                    l.protocol == kp_relay::Protocol::Udp,
-                    SocketAddr::new(wildcard(*family), l.port),
-                    spn.to_string(),
-                    scope,
-                    l.affinity,
-                    l.endpoints.clone(),
-                ));
-            }
+    fn table_rows(&self, after: Option<&str>, limit: usize, out: &mut String) -> Option<String> {
+        use std::fmt::Write as _;
+        if after.is_none() {
+            let _ = writeln!(out, "{}", kp_trace::userspace::USERSPACE_TABLE_HEADER);
         }
-        table.to_string()
+        self.visit_relays(after, limit, &mut |family, l| {
+            let (spn, scope) = split_key(l.key);
+            let row = table_row(
+                l.protocol == kp_relay::Protocol::Udp,
+                SocketAddr::new(wildcard(family), l.port),
+                spn.to_string(),
+                scope,
+                l.affinity,
+                l.endpoints.to_vec(),
+            );
+            let _ = writeln!(out, "{row}");
+        })
     }
 }
 
@@ -292,5 +332,86 @@ mod tests {
             ("ns/web:http", Scope::Cluster)
         );
         assert_eq!(split_key("ns/web:http"), ("ns/web:http", Scope::Internal));
+    }
+
+    /// Two relays (the families of a dual-stack node) are visited in batches across their
+    /// boundary: every listener once, in order, and the table's rows the same way.
+    #[test]
+    fn relays_are_visited_in_batches_across_families() {
+        use kp_admin::UserspaceStats as _;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let relay = |n: usize, endpoint: SocketAddr| {
+            let r = Relay::new(
+                RelayConfig {
+                    bind: Ipv4Addr::LOCALHOST.into(),
+                    ..RelayConfig::default()
+                },
+                rt.handle().clone(),
+            );
+            let specs: BTreeMap<String, ListenerSpec> = (0..n)
+                .map(|i| {
+                    (
+                        format!("ns/svc-{i}:http"),
+                        ListenerSpec {
+                            name: format!("ns/svc-{i}:http"),
+                            protocol: kp_relay::Protocol::Tcp,
+                            affinity: None,
+                            endpoints: Arc::from([endpoint]),
+                        },
+                    )
+                })
+                .collect();
+            assert!(r.apply(&specs).values().all(Result::is_ok));
+            r
+        };
+        let relays = Relays {
+            relays: vec![
+                (IpFamily::V4, relay(3, "10.0.0.1:80".parse().unwrap())),
+                (IpFamily::V6, relay(2, "[fd00::1]:80".parse().unwrap())),
+            ],
+        };
+        for limit in [1, 2, 3, 5, 100] {
+            let mut seen = Vec::new();
+            let mut after: Option<String> = None;
+            loop {
+                let more = relays.visit(after.as_deref(), limit, &mut |s| {
+                    seen.push(format!("{} {}", s.ip_family, s.service_port));
+                });
+                match more {
+                    Some(p) => after = Some(p),
+                    None => break,
+                }
+            }
+            assert_eq!(
+                seen,
+                [
+                    "IPv4 ns/svc-0:http",
+                    "IPv4 ns/svc-1:http",
+                    "IPv4 ns/svc-2:http",
+                    "IPv6 ns/svc-0:http",
+                    "IPv6 ns/svc-1:http"
+                ],
+                "limit {limit}"
+            );
+        }
+        let mut table = String::new();
+        let mut after = relays.table_rows(None, 2, &mut table);
+        while let Some(p) = after {
+            after = relays.table_rows(Some(&p), 2, &mut table);
+        }
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 6, "{table}");
+        assert_eq!(lines[0], kp_trace::userspace::USERSPACE_TABLE_HEADER);
+        assert!(lines[4].starts_with("TCP [::]:"), "{table}");
+        assert!(
+            lines[4].ends_with(" ns/svc-0:http internal none [fd00::1]:80"),
+            "{table}"
+        );
+        let parsed = kp_trace::UserspaceTable::parse(&table).unwrap();
+        assert_eq!(parsed.listeners.len(), 5);
     }
 }

@@ -564,7 +564,7 @@ fn userspace_rules(scn: &Scenario, family: IpFamily) -> Rules {
                     .listener
                     .affinity
                     .map(|d| u32::try_from(d.as_secs()).unwrap()),
-                endpoints: p.listener.endpoints.clone(),
+                endpoints: p.listener.endpoints.to_vec(),
             })
             .collect(),
     };

@@ -471,20 +471,45 @@ impl Metrics {
 
     /// The userspace proxy table; `None` outside userspace mode (or before it is set).
     pub fn userspace_table(&self) -> Option<String> {
-        let slot = self.inner.userspace.lock().ok()?.clone()?;
-        Some(slot.table())
+        Some(self.userspace_table_pieces()?.collect())
     }
 
-    /// The metrics in the Prometheus text format 0.0.4.
+    /// [`userspace_table`](Self::userspace_table) in pieces made as they are read (what
+    /// `/userspace` sends).
+    fn userspace_table_pieces(&self) -> Option<crate::userspace::TableChunks> {
+        let source = self.inner.userspace.lock().ok()?.clone()?;
+        Some(crate::userspace::TableChunks::new(source))
+    }
+
+    /// The metrics in the Prometheus text format 0.0.4, in one `String` (`/metrics` sends the
+    /// same text in pieces, see [`crate::userspace`]).
     ///
     /// # Errors
     /// [`AdminError::Encode`] if the encoder fails (it writes to a `String`, so it does not in
     /// practice).
     pub fn encode(&self) -> Result<String, AdminError> {
+        let mut out = self.encode_registry()?;
+        if let Some(pieces) = self.userspace_pieces() {
+            out.extend(pieces);
+        }
+        Ok(out)
+    }
+
+    /// The registry's metrics (everything but userspace mode's).
+    fn encode_registry(&self) -> Result<String, AdminError> {
         let mut out = String::new();
         prometheus_text::encode(&mut out, &self.inner.registry)
             .map_err(|e| AdminError::Encode(e.to_string()))?;
         Ok(out)
+    }
+
+    /// Userspace mode's metrics, after the registry's, in pieces made as they are read;
+    /// `None` in the other modes.
+    fn userspace_pieces(&self) -> Option<crate::userspace::Chunks> {
+        (self.inner.mode == ProxyMode::Userspace).then(|| {
+            let source = self.inner.userspace.lock().ok().and_then(|s| s.clone());
+            crate::userspace::Chunks::new(source)
+        })
     }
 }
 
@@ -492,11 +517,8 @@ impl Metrics {
 /// registered without `_total`, which the encoder appends.
 fn register(inner: &mut Inner) {
     let r = &mut inner.registry;
-    if inner.mode == ProxyMode::Userspace {
-        r.register_collector(Box::new(crate::userspace::UserspaceCollector {
-            slot: inner.userspace.clone(),
-        }));
-    }
+    // Userspace mode's metrics are not in the registry: `Metrics::encode` and `/metrics`
+    // append them, written from the relays at scrape time (`crate::userspace`).
     if inner.mode == ProxyMode::Iptables {
         r.register_collector(Box::new(crate::nfacct::NfacctCollector {
             slot: inner.nfacct.clone(),
@@ -667,9 +689,35 @@ fn text_response(code: StatusCode, content_type: &'static str, body: String) -> 
     response
 }
 
+/// A response whose body is `pieces`, each made when the connection can take it.
+fn streamed_response(
+    content_type: &'static str,
+    pieces: impl Iterator<Item = String> + Send + 'static,
+) -> Response {
+    let stream = futures::stream::iter(
+        pieces.map(|p| Ok::<_, std::convert::Infallible>(axum::body::Bytes::from(p))),
+    );
+    let mut response = (StatusCode::OK, axum::body::Body::from_stream(stream)).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    response
+}
+
 async fn metrics_handler(State(metrics): State<Metrics>) -> Response {
-    match metrics.encode() {
-        Ok(text) => text_response(StatusCode::OK, prometheus_text::CONTENT_TYPE, text),
+    match metrics.encode_registry() {
+        // Userspace mode: the proxy sockets' series follow in pieces (their text grows with
+        // the number of Service ports; see `crate::userspace`).
+        Ok(head) => match metrics.userspace_pieces() {
+            Some(pieces) => streamed_response(
+                prometheus_text::CONTENT_TYPE,
+                std::iter::once(head).chain(pieces),
+            ),
+            None => text_response(StatusCode::OK, prometheus_text::CONTENT_TYPE, head),
+        },
         Err(e) => text_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             "text/plain; charset=utf-8",
@@ -683,8 +731,8 @@ async fn ok_handler() -> Response {
 }
 
 async fn userspace_handler(State(metrics): State<Metrics>) -> Response {
-    match metrics.userspace_table() {
-        Some(table) => text_response(StatusCode::OK, "text/plain; charset=utf-8", table),
+    match metrics.userspace_table_pieces() {
+        Some(pieces) => streamed_response("text/plain; charset=utf-8", pieces),
         None => text_response(
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",

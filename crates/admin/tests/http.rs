@@ -41,10 +41,17 @@ impl Reply {
 
 /// A minimal HTTP/1.1 GET (no timers, so it also works with paused Tokio time).
 async fn get(addr: SocketAddr, path: &str) -> io::Result<Reply> {
+    get_version(addr, path, "1.1").await
+}
+
+/// A minimal GET in HTTP/`version` (`1.0`: the body of a streamed answer ends with the
+/// connection, as our own clients read it; `1.1`: chunked, left undecoded).
+async fn get_version(addr: SocketAddr, path: &str, version: &str) -> io::Result<Reply> {
     let mut stream = TcpStream::connect(addr).await?;
     stream
         .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
+            format!("GET {path} HTTP/{version}\r\nHost: test\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
         )
         .await?;
     let mut raw = Vec::new();
@@ -220,6 +227,102 @@ async fn metrics_server_serves_metrics_healthz_and_proxy_mode() {
     assert_eq!(
         reply.header("content-type"),
         Some("text/plain; charset=utf-8")
+    );
+
+    stop.send(()).unwrap();
+    wait_closed(addr).await;
+}
+
+/// `n` userspace listeners `ns/svc-I:http` on ports 40000 + I.
+#[derive(Debug)]
+struct Listeners(usize);
+
+impl Listeners {
+    fn range(&self, after: Option<&str>, limit: usize) -> (std::ops::Range<usize>, Option<String>) {
+        let start = after.map_or(0, |a| a.parse::<usize>().unwrap() + 1);
+        let end = (start + limit).min(self.0);
+        (
+            (start..end),
+            (end - start == limit).then(|| (end - 1).to_string()),
+        )
+    }
+}
+
+impl kp_admin::UserspaceStats for Listeners {
+    fn visit(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        f: &mut dyn FnMut(&kp_admin::UserspaceListenerStats<'_>),
+    ) -> Option<String> {
+        let (range, more) = self.range(after, limit);
+        for i in range {
+            let name = format!("ns/svc-{i}:http");
+            f(&kp_admin::UserspaceListenerStats {
+                ip_family: "IPv4",
+                service_port: &name,
+                protocol: "TCP",
+                scope: "internal",
+                port: 40000 + i as u16,
+                endpoints: 3,
+                accepted_total: i as u64,
+                ..Default::default()
+            });
+        }
+        more
+    }
+    fn table_rows(&self, after: Option<&str>, limit: usize, out: &mut String) -> Option<String> {
+        if after.is_none() {
+            out.push_str("# table\n");
+        }
+        let (range, more) = self.range(after, limit);
+        for i in range {
+            out.push_str(&format!(
+                "TCP 0.0.0.0:{} ns/svc-{i}:http internal none -\n",
+                40000 + i
+            ));
+        }
+        more
+    }
+}
+
+/// Userspace mode's `/metrics` and `/userspace` grow with the listeners and are sent as they
+/// are written: no Content-Length, the body the text [`Metrics::encode`] gives (HTTP/1.0:
+/// until the connection closes; HTTP/1.1: chunked).
+#[tokio::test]
+async fn userspace_metrics_and_table_are_streamed() {
+    let metrics = Metrics::with_clock(ProxyMode::Userspace, manual_clock());
+    metrics.observe_sync(IpFamily::V4, true, Duration::from_millis(12), true);
+    metrics.set_userspace(Arc::new(Listeners(3000)));
+    let (addr, stop) = start(metrics_server(ephemeral(), metrics.clone())).await;
+
+    let reply = get_version(addr, "/metrics", "1.0").await.unwrap();
+    assert_eq!(reply.status, 200);
+    assert_eq!(
+        reply.header("content-type"),
+        Some("text/plain; version=0.0.4; charset=utf-8")
+    );
+    assert_eq!(reply.header("content-length"), None);
+    assert_eq!(reply.body, metrics.encode().unwrap());
+    assert!(reply.body.contains(
+        r#"kube_proxy_rs_userspace_connections_total{ip_family="IPv4",service_port="ns/svc-2999:http",protocol="TCP",scope="internal"} 2999"#
+    ));
+    assert!(
+        reply
+            .body
+            .contains(r#"kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}"#)
+    );
+    let chunked = get_version(addr, "/metrics", "1.1").await.unwrap();
+    assert_eq!(chunked.header("transfer-encoding"), Some("chunked"));
+
+    let table = get_version(addr, "/userspace", "1.0").await.unwrap();
+    assert_eq!(table.status, 200);
+    assert_eq!(table.body, metrics.userspace_table().unwrap());
+    assert_eq!(table.body.lines().count(), 3001);
+    assert!(
+        table
+            .body
+            .starts_with("# table\nTCP 0.0.0.0:40000 ns/svc-0:http")
     );
 
     stop.send(()).unwrap();

@@ -109,7 +109,9 @@ enum Command {
     /// network namespace on a synthetic cluster (Services × 10 endpoints, one EndpointSlice
     /// each, the Node) from each source, until its first sync; then VmHWM and VmRSS from
     /// /proc/PID/status. Writes results.json, results.md and machine.md into --out. Needs
-    /// root. IPVS mode is skipped where the kernel has no IPVS.
+    /// root. IPVS mode is skipped where the kernel has no IPVS; with --vm everything runs in
+    /// the qemu guest of kp_testkit::vm (Debian's kernel, with IPVS), where IPVS mode is
+    /// measured.
     DaemonRss {
         /// Output directory.
         #[arg(long, default_value = "docs/benchmarks/daemon")]
@@ -136,6 +138,21 @@ enum Command {
         /// Seconds to wait after the first sync before reading the daemon's memory.
         #[arg(long, default_value_t = 2.0)]
         settle: f64,
+        /// Run inside the qemu guest of kp_testkit::vm (one boot for every point; the same
+        /// binaries, through the guest's view of this machine's files): IPVS mode needs its
+        /// kernel. Needs root and `scripts/install-deps`.
+        #[arg(long)]
+        vm: bool,
+        /// With --vm: the guest's timeout, minutes.
+        #[arg(long, default_value_t = 120)]
+        vm_timeout_min: u64,
+        /// With --vm: the guest's memory, MiB.
+        #[arg(long, default_value_t = 3072)]
+        vm_memory_mib: u32,
+        /// Print the report as one JSON line (prefixed `KP-BENCH-REPORT `) on stdout instead
+        /// of writing files (how --vm gets the guest's report).
+        #[arg(long)]
+        json_stdout: bool,
     },
     /// The modes side by side INSIDE the qemu guest of kp_testkit::vm (a kernel with IPVS):
     /// iptables-legacy, nftables and ipvs by default, so their ratios come from one kernel.
@@ -398,40 +415,7 @@ fn main() -> anyhow::Result<()> {
                     args.push(format!("--{flag}={v}"));
                 }
             }
-            let exe = std::env::current_exe().context("finding this executable")?;
-            eprintln!(
-                "kp-bench vm: booting the guest: {} {}",
-                exe.display(),
-                args.join(" ")
-            );
-            let guest = kp_testkit::vm::GuestCommand::new(&exe)
-                .args(&args)
-                .timeout(Duration::from_secs(timeout_min * 60))
-                .memory_mib(memory_mib)
-                .stream(true)
-                .run()
-                .context("running the benchmark in the qemu guest (see docs/vm.md)")?;
-            eprintln!(
-                "kp-bench vm: guest exit code {}; boot {:.1} s, total {:.1} s",
-                guest.code,
-                guest.boot.as_secs_f64(),
-                guest.elapsed.as_secs_f64()
-            );
-            let text = guest.stdout_text();
-            let Some(json) = text.lines().find_map(|l| l.strip_prefix(REPORT_PREFIX)) else {
-                bail!(
-                    "the guest printed no report (exit code {}); its stderr ends:\n{}",
-                    guest.code,
-                    tail(&guest.stderr_text(), 3000)
-                );
-            };
-            let mut report: kp_bench::report::RunReport =
-                serde_json::from_str(json).context("reading the guest's report")?;
-            report.command = format!(
-                "{} (in the guest: {})",
-                kp_bench::command_line(std::env::args()),
-                report.command
-            );
+            let report = run_in_guest("vm", &args, timeout_min, memory_mib)?;
             for p in report.write(&out)? {
                 println!("wrote {}", p.display());
             }
@@ -446,7 +430,43 @@ fn main() -> anyhow::Result<()> {
             proxy_binary,
             timeout,
             settle,
+            vm,
+            vm_timeout_min,
+            vm_memory_mib,
+            json_stdout,
         } => {
+            if vm {
+                // The same command in the guest, without --vm and its settings, reporting on
+                // stdout.
+                let mut args: Vec<String> = Vec::new();
+                let mut skip = false;
+                for a in std::env::args().skip(1) {
+                    if std::mem::take(&mut skip) {
+                        continue;
+                    }
+                    let name = a.split('=').next().unwrap_or_default();
+                    match name {
+                        "--vm" | "--json-stdout" => continue,
+                        "--vm-timeout-min" | "--vm-memory-mib" | "--out" => {
+                            skip = !a.contains('=');
+                            continue;
+                        }
+                        _ => args.push(a),
+                    }
+                }
+                if proxy_binary.is_none() {
+                    // The guest finds the same file, through its view of this machine's.
+                    let binary = default_proxy_binary()
+                        .context("no kube-proxy-rs next to this executable: pass --proxy-binary")?;
+                    args.push(format!("--proxy-binary={}", binary.display()));
+                }
+                args.push("--json-stdout".into());
+                let report = run_in_guest("daemon-rss", &args, vm_timeout_min, vm_memory_mib)?;
+                for p in report.write(&out)? {
+                    println!("wrote {}", p.display());
+                }
+                return Ok(());
+            }
             if !nix_is_root() {
                 bail!(
                     "kp-bench daemon-rss runs the daemon in network namespaces it creates: run it as root"
@@ -494,6 +514,13 @@ fn main() -> anyhow::Result<()> {
                 datapath: Vec::new(),
                 daemon: points,
             };
+            if json_stdout {
+                println!(
+                    "{REPORT_PREFIX}{}",
+                    serde_json::to_string(&report).context("serializing the report")?
+                );
+                return Ok(());
+            }
             for p in report.write(&out)? {
                 println!("wrote {}", p.display());
             }
@@ -600,6 +627,52 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// Runs this executable with `args` in the qemu guest of kp_testkit::vm (its output
+/// streamed), and returns the report it prints on stdout (`--json-stdout`), its command line
+/// naming both the host's and the guest's. `what` names the subcommand in progress messages.
+fn run_in_guest(
+    what: &str,
+    args: &[String],
+    timeout_min: u64,
+    memory_mib: u32,
+) -> anyhow::Result<kp_bench::report::RunReport> {
+    let exe = std::env::current_exe().context("finding this executable")?;
+    eprintln!(
+        "kp-bench {what}: booting the guest: {} {}",
+        exe.display(),
+        args.join(" ")
+    );
+    let guest = kp_testkit::vm::GuestCommand::new(&exe)
+        .args(args)
+        .timeout(Duration::from_secs(timeout_min * 60))
+        .memory_mib(memory_mib)
+        .stream(true)
+        .run()
+        .context("running the benchmark in the qemu guest (see docs/vm.md)")?;
+    eprintln!(
+        "kp-bench {what}: guest exit code {}; boot {:.1} s, total {:.1} s",
+        guest.code,
+        guest.boot.as_secs_f64(),
+        guest.elapsed.as_secs_f64()
+    );
+    let text = guest.stdout_text();
+    let Some(json) = text.lines().find_map(|l| l.strip_prefix(REPORT_PREFIX)) else {
+        bail!(
+            "the guest printed no report (exit code {}); its stderr ends:\n{}",
+            guest.code,
+            tail(&guest.stderr_text(), 3000)
+        );
+    };
+    let mut report: kp_bench::report::RunReport =
+        serde_json::from_str(json).context("reading the guest's report")?;
+    report.command = format!(
+        "{} (in the guest: {})",
+        kp_bench::command_line(std::env::args()),
+        report.command
+    );
+    Ok(report)
 }
 
 /// Parses `--sources` / `--daemon-sources` labels.

@@ -29,6 +29,53 @@ pub use nodeport::{BadNodePortAddress, NodePortAddresses};
 use std::time::Duration;
 
 pub use kp_model::ProxyMode;
+
+/// A [`std::fmt::Write`] over an [`std::io::Write`] (a kernel tool's stdin), for payloads
+/// rendered as text straight into the tool: it keeps the first I/O error (every later write
+/// fails at once, so the render runs on without writing) and counts the bytes written.
+pub(crate) struct IoText<'a> {
+    inner: &'a mut dyn std::io::Write,
+    error: Option<std::io::Error>,
+    bytes: usize,
+}
+
+impl<'a> IoText<'a> {
+    /// Writes into `inner`.
+    pub(crate) fn new(inner: &'a mut dyn std::io::Write) -> Self {
+        IoText {
+            inner,
+            error: None,
+            bytes: 0,
+        }
+    }
+
+    /// The bytes written, or the first error.
+    pub(crate) fn finish(self) -> std::io::Result<usize> {
+        match self.error {
+            Some(e) => Err(e),
+            None => Ok(self.bytes),
+        }
+    }
+}
+
+impl std::fmt::Write for IoText<'_> {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        if self.error.is_some() {
+            return Err(std::fmt::Error);
+        }
+        match self.inner.write_all(s.as_bytes()) {
+            Ok(()) => {
+                self.bytes += s.len();
+                Ok(())
+            }
+            Err(e) => {
+                self.error = Some(e);
+                Err(std::fmt::Error)
+            }
+        }
+    }
+}
+
 use kp_model::{Changes, IpFamily, Snapshot};
 
 /// Errors of a sync or cleanup. A failed sync leaves the kernel as it was (the restore is

@@ -50,7 +50,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, mpsc};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
@@ -134,7 +134,8 @@ pub struct ListenerSpec {
     pub affinity: Option<Duration>,
     /// The endpoints (`ip:port`) to relay to. Duplicates count once; empty is allowed (new
     /// connections are then closed and counted in [`ListenerStats::no_endpoint_total`]).
-    pub endpoints: Vec<SocketAddr>,
+    /// Shared, not copied: the listener keeps this allocation.
+    pub endpoints: Arc<[SocketAddr]>,
 }
 
 /// Why a listener could not be opened.
@@ -211,6 +212,67 @@ pub struct ListenerStats {
     pub bytes_total: u64,
 }
 
+/// A listener as [`Relay::visit_listeners`] shows it, borrowed while it is visited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenerView<'a> {
+    /// The caller's key in [`Relay::apply`].
+    pub key: &'a str,
+    /// The ServicePortName text of the last applied spec.
+    pub name: &'a str,
+    /// TCP or UDP.
+    pub protocol: Protocol,
+    /// The listening port.
+    pub port: u16,
+    /// The endpoints of the last applied spec, as given.
+    pub endpoints: &'a [SocketAddr],
+    /// The session affinity timeout of the last applied spec.
+    pub affinity: Option<Duration>,
+    /// See [`ListenerStats::active`].
+    pub active: usize,
+    /// See [`ListenerStats::accepted_total`].
+    pub accepted_total: u64,
+    /// See [`ListenerStats::dial_failures_total`].
+    pub dial_failures_total: u64,
+    /// See [`ListenerStats::no_endpoint_total`].
+    pub no_endpoint_total: u64,
+    /// See [`ListenerStats::rejected_total`].
+    pub rejected_total: u64,
+    /// See [`ListenerStats::bytes_total`].
+    pub bytes_total: u64,
+}
+
+/// Tells [`close_all`] that a listener's task has let go of its socket: the task holds a
+/// [`CloseSignal`], whose drop (the task ending or being aborted) marks the [`Closed`] the
+/// relay waits on. (A few bytes per listener; a channel would cost half a kilobyte.)
+#[derive(Debug, Default)]
+pub(crate) struct Closed {
+    done: Mutex<bool>,
+    changed: std::sync::Condvar,
+}
+
+impl Closed {
+    /// Waits until the signal was dropped, at most `timeout`; whether it was.
+    fn wait(&self, timeout: Duration) -> bool {
+        let done = lock(&self.done);
+        let (done, _) = self
+            .changed
+            .wait_timeout_while(done, timeout, |d| !*d)
+            .unwrap_or_else(PoisonError::into_inner);
+        *done
+    }
+}
+
+/// The task's side of [`Closed`].
+#[derive(Debug)]
+pub(crate) struct CloseSignal(Arc<Closed>);
+
+impl Drop for CloseSignal {
+    fn drop(&mut self) {
+        *lock(&self.0.done) = true;
+        self.0.changed.notify_all();
+    }
+}
+
 /// Locks a mutex, ignoring poisoning: every critical section here leaves its data consistent,
 /// and the relay must not crash because some other thread panicked.
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -257,10 +319,9 @@ pub(crate) struct Counters {
     pub(crate) bytes: AtomicU64,
 }
 
-/// The part of a listener that [`Relay::apply`] replaces.
+/// The part of a listener that [`Relay::apply`] replaces (the endpoints are the balancer's).
 pub(crate) struct Current {
     pub(crate) name: String,
-    pub(crate) endpoints: Vec<SocketAddr>,
     pub(crate) balancer: Balancer,
 }
 
@@ -331,8 +392,8 @@ impl Drop for Slot {
 struct Entry {
     state: Arc<ListenerState>,
     task: tokio::task::AbortHandle,
-    /// Disconnects when the task has dropped its socket (the sender lives in the task).
-    closed: mpsc::Receiver<()>,
+    /// Marked when the task has dropped its socket (the [`CloseSignal`] lives in the task).
+    closed: Arc<Closed>,
 }
 
 struct Inner {
@@ -436,9 +497,11 @@ impl Relay {
         for (key, spec) in specs {
             if let Some(entry) = listeners.get(key) {
                 let mut cur = lock(&entry.state.current);
-                cur.name.clone_from(&spec.name);
-                cur.endpoints.clone_from(&spec.endpoints);
-                cur.balancer.update(&spec.endpoints, spec.affinity);
+                if cur.name != spec.name {
+                    cur.name.clone_from(&spec.name);
+                }
+                cur.balancer
+                    .update(Arc::clone(&spec.endpoints), spec.affinity);
                 drop(cur);
                 out.insert(key.clone(), Ok(entry.state.port));
                 continue;
@@ -463,7 +526,8 @@ impl Relay {
         let inner = &*self.inner;
         let cfg = &inner.shared.cfg;
         let _ctx = inner.rt.enter();
-        let (tx, closed) = mpsc::channel::<()>();
+        let closed = Arc::new(Closed::default());
+        let tx = CloseSignal(Arc::clone(&closed));
         let make_state = |port: u16| {
             Arc::new(ListenerState {
                 key: key.to_owned(),
@@ -471,8 +535,7 @@ impl Relay {
                 port,
                 current: Mutex::new(Current {
                     name: spec.name.clone(),
-                    endpoints: spec.endpoints.clone(),
-                    balancer: Balancer::new(&spec.endpoints, spec.affinity),
+                    balancer: Balancer::new(Arc::clone(&spec.endpoints), spec.affinity),
                 }),
                 counters: Counters::default(),
                 no_endpoint_log: RateLimit::new(Duration::from_secs(10)),
@@ -524,28 +587,73 @@ impl Relay {
 
     /// A snapshot of every listener, sorted by key.
     pub fn listeners(&self) -> Vec<ListenerStats> {
-        lock(&self.inner.listeners)
-            .values()
-            .map(|e| {
-                let s = &e.state;
-                let c = &s.counters;
-                let cur = lock(&s.current);
-                ListenerStats {
-                    key: s.key.clone(),
-                    name: cur.name.clone(),
-                    protocol: s.protocol,
-                    port: s.port,
-                    endpoints: cur.endpoints.clone(),
-                    affinity: cur.balancer.affinity(),
-                    active: c.active.load(Ordering::Relaxed),
-                    accepted_total: c.accepted.load(Ordering::Relaxed),
-                    dial_failures_total: c.dial_failures.load(Ordering::Relaxed),
-                    no_endpoint_total: c.no_endpoint.load(Ordering::Relaxed),
-                    rejected_total: c.rejected.load(Ordering::Relaxed),
-                    bytes_total: c.bytes.load(Ordering::Relaxed),
-                }
-            })
-            .collect()
+        let mut out = Vec::new();
+        self.visit_listeners(None, usize::MAX, &mut |l| {
+            out.push(ListenerStats {
+                key: l.key.to_owned(),
+                name: l.name.to_owned(),
+                protocol: l.protocol,
+                port: l.port,
+                endpoints: l.endpoints.to_vec(),
+                affinity: l.affinity,
+                active: l.active,
+                accepted_total: l.accepted_total,
+                dial_failures_total: l.dial_failures_total,
+                no_endpoint_total: l.no_endpoint_total,
+                rejected_total: l.rejected_total,
+                bytes_total: l.bytes_total,
+            });
+        });
+        out
+    }
+
+    /// Calls `f` with at most `limit` listeners in key order, starting after the key `after`
+    /// (`None`: at the first), without copying them. Returns the key of the last listener
+    /// visited when `limit` were visited (more may follow), `None` when the visit reached the
+    /// end. Listeners cannot be opened or closed during a visit ([`Relay::apply`] waits), so
+    /// keep `f` short and `limit` small when a sync may be waiting; a later visit from the
+    /// returned key goes on with the listeners as they are then.
+    pub fn visit_listeners(
+        &self,
+        after: Option<&str>,
+        limit: usize,
+        f: &mut dyn FnMut(&ListenerView<'_>),
+    ) -> Option<String> {
+        use std::ops::Bound;
+        let listeners = lock(&self.inner.listeners);
+        let lower = match after {
+            Some(key) => Bound::Excluded(key),
+            None => Bound::Unbounded,
+        };
+        let mut last = None;
+        for (visited, (key, e)) in listeners
+            .range::<str, _>((lower, Bound::Unbounded))
+            .enumerate()
+        {
+            if visited == limit {
+                return last.map(str::to_owned);
+            }
+            let s = &e.state;
+            let c = &s.counters;
+            let cur = lock(&s.current);
+            f(&ListenerView {
+                key,
+                name: &cur.name,
+                protocol: s.protocol,
+                port: s.port,
+                endpoints: cur.balancer.endpoints(),
+                affinity: cur.balancer.affinity(),
+                active: c.active.load(Ordering::Relaxed),
+                accepted_total: c.accepted.load(Ordering::Relaxed),
+                dial_failures_total: c.dial_failures.load(Ordering::Relaxed),
+                no_endpoint_total: c.no_endpoint.load(Ordering::Relaxed),
+                rejected_total: c.rejected.load(Ordering::Relaxed),
+                bytes_total: c.bytes.load(Ordering::Relaxed),
+            });
+            last = Some(key.as_str());
+        }
+        // The end was reached; a full batch that ends exactly at the end says so next time.
+        None
     }
 
     /// TCP connections plus UDP flows open now, across all listeners (including those of
@@ -578,8 +686,7 @@ fn close_all(entries: Vec<Entry>) {
     let deadline = Instant::now() + CLOSE_WAIT;
     for e in entries {
         let left = deadline.saturating_duration_since(Instant::now());
-        // The sender is never used: the receiver disconnects when the task drops it.
-        let _ = e.closed.recv_timeout(left);
+        e.closed.wait(left);
         let st = &e.state;
         info!(key = %st.key, name = %st.name(), protocol = %st.protocol, port = st.port,
             active = st.counters.active.load(Ordering::Relaxed),

@@ -36,7 +36,7 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// that the socket is closed before the signal fires (fields drop in declaration order).
 pub(crate) struct Listening {
     pub(crate) listener: TcpListener,
-    pub(crate) _closed: std::sync::mpsc::Sender<()>,
+    pub(crate) _closed: crate::CloseSignal,
 }
 
 /// Accepts until the task is aborted (the listener is closed by dropping `listening`).
@@ -234,8 +234,7 @@ mod tests {
             port: addr.port(),
             current: std::sync::Mutex::new(crate::Current {
                 name: "n".into(),
-                endpoints: vec![],
-                balancer: crate::balancer::Balancer::new(&[], None),
+                balancer: crate::balancer::Balancer::new(std::sync::Arc::from([]), None),
             }),
             counters: crate::Counters::default(),
             no_endpoint_log: crate::limit::RateLimit::new(Duration::from_secs(1)),

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use std::os::fd::AsRawFd;
@@ -81,7 +81,7 @@ fn remove_flow(flows: &Flows, client: SocketAddr, flow: &Arc<Flow>) {
 /// ends; the socket itself stays open while flows still reply through it.
 pub(crate) async fn recv_loop(
     socket: Arc<UdpSocket>,
-    _closed: mpsc::Sender<()>,
+    _closed: crate::CloseSignal,
     st: Arc<ListenerState>,
     shared: Arc<Shared>,
 ) {

@@ -597,3 +597,35 @@ fn apply_works_from_a_plain_thread() {
     assert_ne!(port, 0);
     drop(backend);
 }
+
+/// Proves: `visit_listeners` shows every listener once, in key order, a batch at a time
+/// from the key it returned, without copying the endpoints; a listener opened between two
+/// batches after the position is seen, one before it is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_are_visited_in_batches_from_a_position() {
+    let relay = relay(RelayConfig::default());
+    let eps = [local(1), local(2)];
+    let specs: Vec<(String, _)> = (0..5).map(|i| (format!("k{i}"), tcp(&eps))).collect();
+    let out = apply(
+        &relay,
+        specs.iter().map(|(k, s)| (k.as_str(), s.clone())).collect(),
+    )
+    .await;
+    assert!(out.values().all(Result::is_ok), "{out:?}");
+    let mut seen = Vec::new();
+    let mut after = relay.visit_listeners(None, 2, &mut |l| {
+        assert_eq!(l.endpoints, eps);
+        seen.push(l.key.to_owned());
+    });
+    assert_eq!(after.as_deref(), Some("k1"));
+    // Between two batches: one listener before the position, one after it.
+    let mut more: Vec<(&str, _)> = specs.iter().map(|(k, s)| (k.as_str(), s.clone())).collect();
+    more.push(("a-before", tcp(&eps)));
+    more.push(("k9", tcp(&eps)));
+    apply(&relay, more).await;
+    while let Some(position) = after {
+        after = relay.visit_listeners(Some(&position), 2, &mut |l| seen.push(l.key.to_owned()));
+    }
+    assert_eq!(seen, ["k0", "k1", "k2", "k3", "k4", "k9"]);
+    assert_eq!(relay.listeners().len(), 7);
+}

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::listing::{TableObjects, parse_objects};
 use super::syntax::family_name;
 use crate::error::Error;
-use crate::iptables::{Exec, IpVersion, SystemExec};
+use crate::iptables::{Exec, ExecOutput, IpVersion, PayloadWriter, SystemExec};
 
 /// The program [`ExecNft`] runs.
 pub const NFT_BINARY: &str = "nft";
@@ -72,6 +72,26 @@ pub trait Nft: Send + Sync {
     /// [`Error::Command`] with nft's stderr (which names the failing line) when the kernel or
     /// the parser rejects the payload; nothing was changed then.
     fn apply(&self, payload: &[u8]) -> Result<(), Error>;
+
+    /// [`apply`](Self::apply) with the payload written by `payload` as it is produced, so
+    /// that it need not be held in memory whole: [`ExecNft`] hands it `nft`'s stdin (a pipe,
+    /// through [`Exec::run_with`]); the default collects it into one buffer and calls
+    /// `apply`. Still one transaction: `nft -f` reads its whole input before it commits.
+    ///
+    /// `payload` should stop at the first write error it gets (a broken pipe means nft
+    /// exited early; its exit status and stderr are then the error reported).
+    ///
+    /// # Errors
+    /// As [`apply`](Self::apply); [`Error::Io`] when `payload` fails other than by a broken
+    /// pipe.
+    fn apply_with(&self, payload: &mut PayloadWriter<'_>) -> Result<(), Error> {
+        let mut buf = Vec::new();
+        payload(&mut buf).map_err(|source| Error::Io {
+            command: "writing the nft payload".to_string(),
+            source,
+        })?;
+        self.apply(&buf)
+    }
 
     /// The full listing of one table (`nft list table ip|ip6 TABLE`), or `None` when the table
     /// does not exist. Slow for big tables (it prints every rule and element): meant for
@@ -150,12 +170,29 @@ impl ExecNft {
         ExecNft { exec }
     }
 
-    fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<Vec<u8>, Error> {
-        let argv: Vec<String> = std::iter::once(NFT_BINARY)
+    fn argv(args: &[&str]) -> Vec<String> {
+        std::iter::once(NFT_BINARY)
             .chain(args.iter().copied())
             .map(str::to_string)
-            .collect();
-        let out = match self.exec.run(&argv, stdin) {
+            .collect()
+    }
+
+    fn run(&self, args: &[&str], stdin: Option<&[u8]>) -> Result<Vec<u8>, Error> {
+        let argv = Self::argv(args);
+        let out = self.exec.run(&argv, stdin);
+        self.finish(&argv, out)
+    }
+
+    /// [`run`](Self::run) with stdin written by `stdin` while nft runs.
+    fn run_with(&self, args: &[&str], stdin: &mut PayloadWriter<'_>) -> Result<Vec<u8>, Error> {
+        let argv = Self::argv(args);
+        let out = self.exec.run_with(&argv, stdin);
+        self.finish(&argv, out)
+    }
+
+    /// nft's stdout, or the error of a run that failed.
+    fn finish(&self, argv: &[String], out: Result<ExecOutput, Error>) -> Result<Vec<u8>, Error> {
+        let out = match out {
             Ok(out) => out,
             Err(Error::BinaryNotFound { command, .. }) => {
                 return Err(Error::Io {
@@ -170,7 +207,7 @@ impl ExecNft {
         };
         if out.status != 0 {
             return Err(Error::Command {
-                command: self.exec.command_line(&argv),
+                command: self.exec.command_line(argv),
                 status: out.status,
                 stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
             });
@@ -207,6 +244,11 @@ impl Nft for ExecNft {
     fn apply(&self, payload: &[u8]) -> Result<(), Error> {
         tracing::debug!(bytes = payload.len(), "nft -f -");
         self.run(&["-f", "-"], Some(payload)).map(drop)
+    }
+
+    fn apply_with(&self, payload: &mut PayloadWriter<'_>) -> Result<(), Error> {
+        tracing::debug!("nft -f - (streamed)");
+        self.run_with(&["-f", "-"], payload).map(drop)
     }
 
     fn list_table(&self, family: IpVersion, table: &str) -> Result<Option<String>, Error> {
@@ -300,6 +342,55 @@ mod tests {
         assert_eq!(calls.len(), 1);
         assert_eq!(argv(&calls[0]), ["nft", "-f", "-"]);
         assert_eq!(calls[0].stdin.as_deref(), Some(&b"add table ip t\n"[..]));
+    }
+
+    #[test]
+    fn apply_with_streams_the_payload_into_one_nft_f() {
+        let exec = Arc::new(ScriptedExec::new(|_, _| ExecOutput::ok("")));
+        let nft = ExecNft::with_exec(exec.clone());
+        nft.apply_with(&mut |w| {
+            w.write_all(b"add table ip t\n")?;
+            w.write_all(b"add chain ip t c\n")
+        })
+        .unwrap();
+        let calls = exec.calls();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(argv(&calls[0]), ["nft", "-f", "-"]);
+        assert_eq!(
+            calls[0].stdin.as_deref(),
+            Some(&b"add table ip t\nadd chain ip t c\n"[..])
+        );
+    }
+
+    /// Through a real process (a shell standing in for nft): a large payload written in
+    /// pieces reaches its stdin whole, and a failure carries the status and stderr.
+    #[test]
+    fn apply_with_writes_into_the_tools_stdin() {
+        let counting = ExecNft::with_exec(Arc::new(SystemExec::with_prefix(vec![
+            "sh".into(),
+            "-c".into(),
+            "test \"$(wc -c)\" -eq 2000000 || { echo short >&2; exit 1; }".into(),
+        ])));
+        counting
+            .apply_with(&mut |w| {
+                for _ in 0..20_000 {
+                    w.write_all(&[b'x'; 100])?;
+                }
+                Ok(())
+            })
+            .unwrap();
+        let failing = ExecNft::with_exec(Arc::new(SystemExec::with_prefix(vec![
+            "sh".into(),
+            "-c".into(),
+            "echo '/dev/stdin:1:1-3: Error: syntax error' >&2; exit 1".into(),
+        ])));
+        match failing.apply_with(&mut |w| w.write_all(b"bad\n")) {
+            Err(Error::Command { status, stderr, .. }) => {
+                assert_eq!(status, 1);
+                assert!(stderr.contains("syntax error"), "{stderr}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

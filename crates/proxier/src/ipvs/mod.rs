@@ -102,12 +102,52 @@ const SOURCE_HASH: u32 = kp_netlink::ipvs::SVC_F_SCHED1;
 #[derive(Debug, Clone, Default)]
 struct KernelState {
     /// Our family's virtual servers (outside `--ipvs-exclude-cidrs`) and their real servers.
-    services: BTreeMap<ServiceKey, (VirtualServer, BTreeMap<SocketAddr, RealServer>)>,
+    services: BTreeMap<ServiceKey, (VirtualServer, Dests)>,
     /// This family's addresses on kube-ipvs0.
     addresses: BTreeSet<IpAddr>,
     /// Our sets of this family, by name.
     sets: BTreeMap<String, SetState>,
 }
+
+/// The real servers of one virtual server, sorted by address: a slice of exactly their
+/// number (100,000 of them at 10,000 Services × 10 endpoints; a map per virtual server cost
+/// twice the memory).
+#[derive(Debug, Clone, Default)]
+struct Dests(Box<[RealServer]>);
+
+impl Dests {
+    /// The real servers of `dests`; of two with one address the later one counts (as
+    /// inserting them into a map one after the other).
+    fn new(dests: impl IntoIterator<Item = RealServer>) -> Dests {
+        let mut v: Vec<RealServer> = dests.into_iter().collect();
+        // Stable: equal addresses stay in their order, and the last of each run is kept.
+        v.sort_by_key(RealServer::socket_addr);
+        let mut out: Vec<RealServer> = Vec::with_capacity(v.len());
+        for d in v {
+            match out.last_mut() {
+                Some(last) if last.socket_addr() == d.socket_addr() => *last = d,
+                _ => out.push(d),
+            }
+        }
+        Dests(out.into_boxed_slice())
+    }
+
+    fn get(&self, addr: &SocketAddr) -> Option<&RealServer> {
+        self.0
+            .binary_search_by_key(addr, RealServer::socket_addr)
+            .ok()
+            .map(|i| &self.0[i])
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (SocketAddr, &RealServer)> {
+        self.0.iter().map(|d| (d.socket_addr(), d))
+    }
+}
+
+/// IPVS changes sent per [`IpvsOps::apply`] call (give or take one virtual server's, which
+/// always go together): the changes of a full sync (110,000 at 10,000 Services × 10
+/// endpoints) are sent as they are worked out, never held all at once.
+const OPS_PER_APPLY: usize = 4096;
 
 /// The kube-proxy-owned chains of iptables mode that IPVS mode does not use, in the filter
 /// table; IPVS mode's full syncs delete them (a node switching from iptables mode).
@@ -324,8 +364,7 @@ impl<I: Iptables> IpvsProxier<I> {
                 .ipvs
                 .destinations(&vs.key)
                 .map_err(|e| kernel_err("IPVS real servers", e))?;
-            let dests = dests.into_iter().map(|d| (d.socket_addr(), d)).collect();
-            st.services.insert(vs.key, (vs, dests));
+            st.services.insert(vs.key, (vs, Dests::new(dests)));
         }
         st.addresses = self
             .links
@@ -412,16 +451,26 @@ impl<I: Iptables> IpvsProxier<I> {
     }
 
     /// The IPVS operations that turn `have` into `want`, with graceful termination.
-    fn ipvs_ops(
+    /// Works out the IPVS changes that turn `have` into `want` and applies them, about
+    /// [`OPS_PER_APPLY`] at a time, in order (a virtual server before its real servers,
+    /// deletions of virtual servers last). Returns how many changes were sent and the
+    /// refusals of single changes.
+    fn apply_ipvs(
         &mut self,
         want: &Rendered,
         have: &KernelState,
         full: bool,
         now: Instant,
-    ) -> Result<Vec<IpvsOp>, ProxierError> {
-        let mut ops = Vec::new();
+    ) -> Result<(usize, Vec<String>), ProxierError> {
+        let mut ops =
+            Vec::with_capacity(OPS_PER_APPLY.min(want.endpoints + want.virtual_servers.len() + 16));
+        let mut sent = 0;
+        let mut failures = Vec::new();
         let mut wanted_keys = BTreeSet::new();
         for (k, spec) in &want.virtual_servers {
+            if ops.len() >= OPS_PER_APPLY {
+                sent += self.send_ipvs(&mut ops, &mut failures)?;
+            }
             let vs = self.virtual_server(k, spec);
             let key = vs.key;
             wanted_keys.insert(key);
@@ -431,7 +480,7 @@ impl<I: Iptables> IpvsProxier<I> {
                 Some((cur, _)) if !cur.same_config(&vs) => ops.push(IpvsOp::EditService(vs)),
                 Some(_) => {}
             }
-            let empty = BTreeMap::new();
+            let empty = Dests::default();
             let cur_dests = existing.map(|(_, d)| d).unwrap_or(&empty);
             let wanted: BTreeSet<SocketAddr> = spec.real_servers.iter().copied().collect();
             for rs in &wanted {
@@ -446,7 +495,8 @@ impl<I: Iptables> IpvsProxier<I> {
                     }
                 }
             }
-            for (addr, cur) in cur_dests {
+            for (addr, cur) in cur_dests.iter() {
+                let addr = &addr;
                 if wanted.contains(addr) {
                     continue;
                 }
@@ -484,11 +534,40 @@ impl<I: Iptables> IpvsProxier<I> {
         }
         for key in have.services.keys() {
             if !wanted_keys.contains(key) {
+                if ops.len() >= OPS_PER_APPLY {
+                    sent += self.send_ipvs(&mut ops, &mut failures)?;
+                }
                 ops.push(IpvsOp::DelService(*key));
             }
         }
+        sent += self.send_ipvs(&mut ops, &mut failures)?;
         self.terminating.retain(|(k, _), _| wanted_keys.contains(k));
-        Ok(ops)
+        Ok((sent, failures))
+    }
+
+    /// Applies `ops` (then empties it); refusals of single changes go to `failures`.
+    /// Returns how many were sent.
+    fn send_ipvs(
+        &mut self,
+        ops: &mut Vec<IpvsOp>,
+        failures: &mut Vec<String>,
+    ) -> Result<usize, ProxierError> {
+        if ops.is_empty() {
+            return Ok(0);
+        }
+        let results = self
+            .ipvs
+            .apply(ops)
+            .map_err(|e| kernel_err("IPVS table", e))?;
+        failures.extend(
+            results
+                .into_iter()
+                .filter_map(Result::err)
+                .map(|r| r.to_string()),
+        );
+        let n = ops.len();
+        ops.clear();
+        Ok(n)
     }
 
     /// The `ipset restore` payload that turns `have` into `want`'s set contents.
@@ -716,7 +795,9 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
         self.links
             .ensure_dummy(DUMMY_DEVICE)
             .map_err(|e| kernel_err("kube-ipvs0", e))?;
-        let (have, tables) = if full {
+        let (mut have, tables) = if full {
+            // What the last sync left goes first: the kernel is read back anyway.
+            self.known = None;
             (self.read_kernel()?, Some(self.read_tables()?))
         } else {
             // Taken, not copied (100k real servers at 10k Services): it is rebuilt when this
@@ -739,19 +820,11 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
             payload_bytes += sets.len();
             self.ipset.restore(&sets)?;
         }
-        // 2. Virtual and real servers, in one batch.
+        // 2. Virtual and real servers, sent as they are worked out.
         let now = Instant::now();
-        let ops = self.ipvs_ops(&want, &have, full, now)?;
-        let mut failures = Vec::new();
-        if !ops.is_empty() {
-            let results = self
-                .ipvs
-                .apply(&ops)
-                .map_err(|e| kernel_err("IPVS table", e))?;
-            for r in results.into_iter().filter_map(Result::err) {
-                failures.push(r.to_string());
-            }
-        }
+        let (ops, mut failures) = self.apply_ipvs(&want, &have, full, now)?;
+        // Only the addresses are needed from here on.
+        have.services = BTreeMap::new();
         // 3. Addresses the virtual servers need.
         let add: Vec<IpAddr> = want
             .bind_addrs
@@ -796,17 +869,19 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
         };
         for (k, spec) in &want.virtual_servers {
             let vs = self.virtual_server(k, spec);
-            let mut dests: BTreeMap<SocketAddr, RealServer> = spec
+            let key = vs.key;
+            let wanted = spec
                 .real_servers
                 .iter()
-                .map(|rs| (*rs, RealServer::new(rs.ip(), rs.port(), 1)))
-                .collect();
-            for (tk, addr) in self.terminating.keys() {
-                if *tk == vs.key {
-                    dests.insert(*addr, RealServer::new(addr.ip(), addr.port(), 0));
-                }
-            }
-            known.services.insert(vs.key, (vs, dests));
+                .map(|rs| RealServer::new(rs.ip(), rs.port(), 1));
+            let draining = self
+                .terminating
+                .range((key, SocketAddr::from(([0, 0, 0, 0], 0)))..)
+                .take_while(|((tk, _), _)| *tk == key)
+                .map(|((_, addr), _)| RealServer::new(addr.ip(), addr.port(), 0));
+            known
+                .services
+                .insert(key, (vs, Dests::new(wanted.chain(draining))));
         }
         for s in KubeSet::ALL {
             let spec = set_spec(s, self.family);
@@ -828,7 +903,7 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
             full,
             service_ports: want.service_ports,
             endpoints: want.endpoints,
-            payload_bytes: payload_bytes + ops.len() * 64,
+            payload_bytes: payload_bytes + ops * 64,
             filter_rules: want.filter_rules.lines().count(),
             nat_rules: want.nat_rules.lines().count(),
             deleted_chains: 0,
@@ -841,7 +916,7 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
             full,
             services = report.service_ports,
             virtual_servers = want.virtual_servers.len(),
-            ipvs_changes = ops.len(),
+            ipvs_changes = ops,
             addresses_added = add.len(),
             addresses_removed = del.len(),
             draining = self.terminating.len(),

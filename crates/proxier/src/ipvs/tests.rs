@@ -542,3 +542,105 @@ fn a_partial_restore_does_not_repeat_the_jumps() {
         assert_eq!(n, 1, "{table} {chain} -> {target}:\n{saved}");
     }
 }
+
+/// 500 Services × 10 endpoints (5,500 changes on the first sync) go to the IPVS table in
+/// pieces of about `OPS_PER_APPLY` changes (a virtual server's changes stay in one piece),
+/// none of them held beyond its piece; the
+/// result is the whole table, an unchanged re-sync sends nothing, and the state kept for
+/// the next sync (sorted real-server slices) finds every real server again: removing all
+/// Services deletes exactly what the first sync made.
+#[test]
+fn a_large_sync_sends_its_ipvs_changes_in_pieces() {
+    /// Records the size of every apply.
+    #[derive(Clone)]
+    struct Sizes(SharedIpvs, Arc<Mutex<Vec<usize>>>);
+    impl IpvsOps for Sizes {
+        fn info(&mut self) -> kp_netlink::Result<IpvsInfo> {
+            self.0.info()
+        }
+        fn services(&mut self) -> kp_netlink::Result<Vec<VirtualServer>> {
+            self.0.services()
+        }
+        fn destinations(&mut self, svc: &ServiceKey) -> kp_netlink::Result<Vec<RealServer>> {
+            self.0.destinations(svc)
+        }
+        fn apply(&mut self, ops: &[IpvsOp]) -> kp_netlink::Result<Vec<Result<(), OpError>>> {
+            self.1.lock().unwrap().push(ops.len());
+            self.0.apply(ops)
+        }
+        fn flush(&mut self) -> kp_netlink::Result<()> {
+            self.0.flush()
+        }
+    }
+    let mut e = env(IpvsConfig::default());
+    let sizes = Sizes(e.ipvs.clone(), Arc::default());
+    e.proxier.ipvs = Box::new(sizes.clone());
+    let many = |n: u32| {
+        let mut services = Vec::new();
+        let mut slices = Vec::new();
+        for i in 0..n {
+            let name = format!("ns/svc-{i}");
+            services.push(
+                ServiceBuilder::new(&name, &format!("10.96.{}.{}", i / 250, 1 + i % 250))
+                    .tcp("", 80)
+                    .build(),
+            );
+            let mut slice = SliceBuilder::new(&name).port("", 8080);
+            for j in 0..10 {
+                slice = slice.ready(
+                    &format!("10.1.{}.{}", i / 25, 1 + (i % 25) * 10 + j),
+                    "node-b",
+                );
+            }
+            slices.push(slice.build());
+        }
+        snapshot(IpFamily::V4, "node-a", services, slices)
+    };
+    e.proxier.sync(&many(500), &Changes::default()).unwrap();
+    let first = sizes.1.lock().unwrap().clone();
+    assert_eq!(first.iter().sum::<usize>(), 5500, "{first:?}");
+    assert!(
+        first.len() >= 2 && first.iter().all(|n| *n <= OPS_PER_APPLY + 11),
+        "{first:?}"
+    );
+    assert_eq!(sizes.0.0.lock().unwrap().state().len(), 500);
+    assert_eq!(dests(&e, &key("10.96.1.250", 80)).len(), 10);
+    // Nothing changed: nothing sent.
+    e.proxier.sync(&many(500), &Changes::default()).unwrap();
+    assert_eq!(sizes.1.lock().unwrap().len(), first.len());
+    // Every Service gone: 500 deletions, nothing left.
+    e.proxier.sync(&many(0), &Changes::default()).unwrap();
+    assert!(sizes.0.0.lock().unwrap().state().is_empty());
+    assert_eq!(
+        sizes.1.lock().unwrap()[first.len()..].iter().sum::<usize>(),
+        500
+    );
+}
+
+#[test]
+fn dests_keep_the_last_of_one_address_and_find_by_address() {
+    let rs = |a: &str, w: u32| {
+        let s: SocketAddr = a.parse().unwrap();
+        RealServer::new(s.ip(), s.port(), w)
+    };
+    let d = Dests::new([
+        rs("10.0.0.3:80", 1),
+        rs("10.0.0.1:80", 1),
+        rs("10.0.0.3:80", 0),
+        rs("10.0.0.2:80", 1),
+    ]);
+    let got: Vec<(SocketAddr, u32)> = d.iter().map(|(a, r)| (a, r.weight)).collect();
+    assert_eq!(
+        got,
+        [
+            ("10.0.0.1:80".parse().unwrap(), 1),
+            ("10.0.0.2:80".parse().unwrap(), 1),
+            ("10.0.0.3:80".parse().unwrap(), 0)
+        ]
+    );
+    assert_eq!(
+        d.get(&"10.0.0.2:80".parse().unwrap()).map(|r| r.weight),
+        Some(1)
+    );
+    assert!(d.get(&"10.0.0.4:80".parse().unwrap()).is_none());
+}

@@ -222,43 +222,55 @@ impl<N: Nft> Proxier for NftablesProxier<N> {
             // The fixed chains changed (e.g. the node's pod CIDR with NodeCIDR detection).
             full = true;
         }
-        let rendered = render::render(
-            snap,
-            &cfg,
-            if full { None } else { Some(&changes.services) },
-        );
         let mut apply_time = std::time::Duration::ZERO;
-        let (payload, stats) = if full {
+        let (render_time, stats) = if full {
+            // Streamed: the first pass plans the state, the second writes the payload into
+            // nft's stdin as it renders each Service again (see `reconcile`).
             let t = Instant::now();
             let kernel = self.nft.list_objects(ip_version(self.family), TABLE)?;
             apply_time += t.elapsed();
-            let (payload, state, stats) =
-                reconcile::full_payload(self.family, &cfg, &rendered, &kernel);
+            // The old state goes first: two of them would only raise the peak (the sync is
+            // full whatever happens to this one).
+            self.state = State::default();
+            let services = render::Rendering { snap, cfg: &cfg };
+            let state = reconcile::plan_full(self.family, &cfg, &services);
+            let render_time = t0.elapsed().saturating_sub(apply_time);
+            let t1 = Instant::now();
+            let mut written = None;
+            self.nft.apply_with(&mut |w| {
+                let stats =
+                    reconcile::write_full(self.family, &cfg, &services, &kernel, &state, w)?;
+                written = Some(stats);
+                Ok(())
+            })?;
+            apply_time += t1.elapsed();
             self.state = state;
-            (payload, stats)
+            (render_time, written.unwrap_or_default())
         } else {
-            reconcile::partial_payload(
+            let rendered = render::render(snap, &cfg, Some(&changes.services));
+            let (payload, stats) = reconcile::partial_payload(
                 self.family,
                 &cfg,
                 &rendered,
                 &changes.services,
                 &mut self.state,
-            )
+            );
+            let render_time = t0.elapsed();
+            let t1 = Instant::now();
+            if !payload.is_empty() {
+                self.nft.apply(payload.as_bytes())?;
+            }
+            apply_time += t1.elapsed();
+            (render_time, stats)
         };
-        let render_time = t0.elapsed().saturating_sub(apply_time);
-        let t1 = Instant::now();
-        if !payload.is_empty() {
-            self.nft.apply(payload.as_bytes())?;
-        }
-        apply_time += t1.elapsed();
         self.needs_full = false;
         let conntrack_deleted = self.conntrack.after_sync(snap, changes, full);
         let report = SyncReport {
             family: Some(self.family),
             full,
-            service_ports: rendered.service_ports,
+            service_ports: snap.services.len(),
             endpoints: self.state.endpoints(),
-            payload_bytes: payload.len(),
+            payload_bytes: stats.bytes,
             filter_rules: self.state.filter_rules(),
             nat_rules: self.state.rules() - self.state.filter_rules(),
             deleted_chains: stats.chains_deleted,

@@ -20,13 +20,27 @@
 //! Order inside a payload: declarations, flushes, deletions of elements, of sets and maps and
 //! of chains (each only after everything that referenced it was flushed or deleted), then one
 //! `table … { … }` block with affinity sets and chain rules, then element additions. The
-//! kernel commits all of it or nothing. On this kernel (6.18) a chain whose last reference
+//! kernel commits all of it or nothing.
+//!
+//! A full sync is planned and written in two passes over the Services ([`ServiceSet`]):
+//! [`plan_full`] renders each Service and keeps only what the [`State`] needs (its chain and
+//! set names, its element claims, counts); [`write_full`] then writes the payload into any
+//! [`std::io::Write`] (`nft`'s stdin, see [`kp_netfilter::Nft::apply_with`]), rendering each
+//! Service a second time for its rules. So neither the whole payload (8 MB at 10,000
+//! Services) nor every Service's rendered rules are ever held; [`full_payload`] is the same
+//! two passes into one buffer, and the bytes are identical.
+//!
+//! The state is compact: element keys, chain and set names are shared text (`Arc<str>`), a
+//! verdict map element's `goto` target is the owning Service's chain name (the same
+//! allocation), and an element claimed by one Service (nearly all) keeps a claim list of
+//! exactly one entry. On this kernel (6.18) a chain whose last reference
 //! goes away in a transaction can be deleted in that same transaction; upstream defers such
 //! deletions by a second because kernels before 6.2 released map-element references late.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use kp_model::{IpFamily, NamespacedName};
 use kp_netfilter::{TableObjects, quote};
@@ -36,22 +50,78 @@ use super::names::{
 };
 use super::render::{
     AffinitySet, BASE_CHAINS, ChainRules, Container, FIXED_CHAINS, NODEPORT_IPS_COMMENT,
-    REJECT_CHAIN_COMMENT, RenderConfig, Rendered, ServiceObjects, fixed_chains, ip_word,
-    nodeport_ip_elements, nodeport_ips_declaration,
+    REJECT_CHAIN_COMMENT, RenderConfig, Rendered, ServiceObjects, ServiceSet, Verdict,
+    fixed_chains, ip_word, nodeport_ip_elements, nodeport_ips_declaration, write_element,
 };
 
 /// Elements per `add element` / `delete element` command.
 const ELEMENTS_PER_COMMAND: usize = 1000;
 
+/// Shared immutable text: an element key, a chain or set name, a comment.
+type Text = Arc<str>;
+
+/// An element: the set or map it is in, and its key as nft writes it.
+type ElemKey = (Container, Text);
+
+/// The value of an element as the state keeps it: a `goto` target shares the text of the
+/// owning Service's chain name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Value {
+    None,
+    Drop,
+    Reject,
+    Goto(Text),
+}
+
+impl Value {
+    /// The render's verdict, sharing the chain name with `chains` (the owner's chains) when
+    /// it is one of them.
+    fn new(v: &Verdict, chains: &[Text]) -> Value {
+        match v {
+            Verdict::None => Value::None,
+            Verdict::Drop => Value::Drop,
+            Verdict::Reject => Value::Reject,
+            Verdict::Goto(chain) => Value::Goto(
+                chains
+                    .iter()
+                    .find(|c| ***c == **chain)
+                    .cloned()
+                    .unwrap_or_else(|| Text::from(chain.as_str())),
+            ),
+        }
+    }
+
+    /// The render's verdict for this value (for writing it).
+    fn verdict(&self) -> Verdict {
+        match self {
+            Value::None => Verdict::None,
+            Value::Drop => Verdict::Drop,
+            Value::Reject => Verdict::Reject,
+            Value::Goto(chain) => Verdict::Goto(chain.to_string()),
+        }
+    }
+}
+
 /// The value and comment of one element.
-type ElemData = (String, Option<String>);
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct ElemData {
+    value: Value,
+    comment: Option<Text>,
+}
+
+/// One Service's claim on an element.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Claim {
+    owner: NamespacedName,
+    data: ElemData,
+}
 
 /// What one Service put into the kernel.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Footprint {
-    chains: Vec<String>,
-    sets: Vec<(String, u32)>,
-    elements: Vec<(Container, String)>,
+    chains: Box<[Text]>,
+    sets: Box<[(Text, u32)]>,
+    elements: Box<[ElemKey]>,
     rules: usize,
     /// Rules in its `firewall-` chains (filter hooks).
     filter_rules: usize,
@@ -63,10 +133,12 @@ struct Footprint {
 /// can work out its changes without reading the kernel.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct State {
-    services: HashMap<NamespacedName, Footprint>,
+    /// Every Service's footprint, in name order (a full sync writes the affinity sets in
+    /// this order).
+    services: BTreeMap<NamespacedName, Footprint>,
     /// Every element and the Services claiming it, sorted by Service; the first one's data is
-    /// what the kernel holds.
-    elements: HashMap<(Container, String), Vec<(NamespacedName, ElemData)>>,
+    /// what the kernel holds. In the order of the payload's element commands.
+    elements: BTreeMap<ElemKey, Vec<Claim>>,
     nodeport_ips: Vec<IpAddr>,
     fixed: String,
     fixed_rules: usize,
@@ -108,6 +180,23 @@ impl State {
     pub fn elements(&self) -> usize {
         self.elements.len()
     }
+
+    /// Records `objs` as what Service `name` puts into the table.
+    fn add_service(&mut self, name: &NamespacedName, objs: &ServiceObjects) {
+        let fp = footprint(&mut self.elements, name, objs);
+        self.service_rules += fp.rules;
+        self.service_filter_rules += fp.filter_rules;
+        self.endpoints += fp.endpoints;
+        self.services.insert(name.clone(), fp);
+    }
+
+    /// The data the kernel holds for `key` (its first claim's), if any.
+    fn effective(&self, key: &ElemKey) -> Option<&ElemData> {
+        self.elements
+            .get(key)
+            .and_then(|c| c.first())
+            .map(|c| &c.data)
+    }
 }
 
 /// What a payload does, for the sync report.
@@ -127,6 +216,8 @@ pub struct PayloadStats {
     pub elements_deleted: usize,
     /// Base chains re-created because their hook or priority differed.
     pub base_chains_recreated: usize,
+    /// Bytes of the payload.
+    pub bytes: usize,
 }
 
 /// A text that identifies the fixed objects for `family` and `cfg`: when it changes
@@ -140,18 +231,18 @@ pub fn fixed_fingerprint(family: IpFamily, cfg: &RenderConfig) -> String {
     s
 }
 
-/// Builds the text of a payload.
-struct Writer {
-    out: String,
+/// Writes the text of a payload.
+struct Writer<'a> {
+    out: &'a mut dyn std::fmt::Write,
     /// `ip` or `ip6`.
     fam: &'static str,
     stats: PayloadStats,
 }
 
-impl Writer {
-    fn new(family: IpFamily, capacity: usize) -> Self {
+impl<'a> Writer<'a> {
+    fn new(family: IpFamily, out: &'a mut dyn std::fmt::Write) -> Self {
         Writer {
-            out: String::with_capacity(capacity),
+            out,
             fam: ip_word(family),
             stats: PayloadStats::default(),
         }
@@ -161,23 +252,26 @@ impl Writer {
     fn cmd(&mut self, verb: &str, kind: &str, name: &str, tail: &str) {
         let _ = write!(self.out, "{verb} {kind} {} {TABLE} {name}", self.fam);
         if !tail.is_empty() {
-            self.out.push(' ');
-            self.out.push_str(tail);
+            let _ = self.out.write_char(' ');
+            let _ = self.out.write_str(tail);
         }
-        self.out.push('\n');
+        let _ = self.out.write_char('\n');
     }
 
-    fn elements<'a>(
+    /// `VERB element FAMILY kube-proxy CONTAINER { … }` commands of at most
+    /// [`ELEMENTS_PER_COMMAND`] elements, each written by `item`; returns how many.
+    fn elements<T>(
         &mut self,
         verb: &str,
         container: &str,
-        items: impl IntoIterator<Item = &'a str>,
+        items: impl IntoIterator<Item = T>,
+        mut item: impl FnMut(&mut dyn std::fmt::Write, T),
     ) -> usize {
         let mut count = 0;
         let mut open = 0;
-        for item in items {
+        for it in items {
             if open == ELEMENTS_PER_COMMAND {
-                self.out.push_str("\n}\n");
+                let _ = self.out.write_str("\n}\n");
                 open = 0;
             }
             if open == 0 {
@@ -187,51 +281,46 @@ impl Writer {
                     self.fam
                 );
             } else {
-                self.out.push_str(",\n\t");
+                let _ = self.out.write_str(",\n\t");
             }
-            self.out.push_str(item);
+            item(&mut *self.out, it);
             open += 1;
             count += 1;
         }
         if open > 0 {
-            self.out.push_str("\n}\n");
+            let _ = self.out.write_str("\n}\n");
         }
         count
     }
 
-    /// The `table … { … }` block with affinity sets and chain rules.
-    fn block<'a>(
-        &mut self,
-        sets: impl IntoIterator<Item = &'a AffinitySet>,
-        chains: impl IntoIterator<Item = &'a ChainRules>,
-        addr_type: &str,
-    ) {
-        let start = self.out.len();
+    /// `table FAMILY kube-proxy {`, opening the block of affinity sets and chain rules.
+    fn open_block(&mut self) {
         let _ = writeln!(self.out, "table {} {TABLE} {{", self.fam);
-        let header = self.out.len();
-        for s in sets {
-            let _ = writeln!(
-                self.out,
-                "\tset {} {{ type {addr_type} ; flags dynamic,timeout ; timeout {}s ; }}",
-                s.name, s.timeout_seconds
-            );
+    }
+
+    fn close_block(&mut self) {
+        let _ = self.out.write_str("}\n");
+    }
+
+    /// An affinity set in the block.
+    fn set(&mut self, name: &str, timeout_seconds: u32, addr_type: &str) {
+        let _ = writeln!(
+            self.out,
+            "\tset {name} {{ type {addr_type} ; flags dynamic,timeout ; timeout {timeout_seconds}s ; }}"
+        );
+    }
+
+    /// A chain with its rules in the block.
+    fn chain(&mut self, c: &ChainRules) {
+        let _ = writeln!(self.out, "\tchain {} {{", c.name);
+        for r in &c.rules {
+            let _ = self.out.write_str("\t\t");
+            let _ = self.out.write_str(r);
+            let _ = self.out.write_char('\n');
         }
-        for c in chains {
-            let _ = writeln!(self.out, "\tchain {} {{", c.name);
-            for r in &c.rules {
-                self.out.push_str("\t\t");
-                self.out.push_str(r);
-                self.out.push('\n');
-            }
-            self.out.push_str("\t}\n");
-            self.stats.chains_written += 1;
-            self.stats.rules_written += c.rules.len();
-        }
-        if self.out.len() == header {
-            self.out.truncate(start);
-        } else {
-            self.out.push_str("}\n");
-        }
+        let _ = self.out.write_str("\t}\n");
+        self.stats.chains_written += 1;
+        self.stats.rules_written += c.rules.len();
     }
 }
 
@@ -239,35 +328,49 @@ fn addr_type(family: IpFamily) -> &'static str {
     super::render::addr_type(family)
 }
 
-/// Records the claims of `owner` in `elements`, keeping each claim list sorted by owner.
-fn claim(
-    elements: &mut HashMap<(Container, String), Vec<(NamespacedName, ElemData)>>,
+/// Records the claims of `owner` in `elements`, keeping each claim list sorted by owner, and
+/// returns its footprint.
+fn footprint(
+    elements: &mut BTreeMap<ElemKey, Vec<Claim>>,
     owner: &NamespacedName,
     objs: &ServiceObjects,
-) -> Vec<(Container, String)> {
+) -> Footprint {
+    let chains: Box<[Text]> = objs
+        .chains
+        .iter()
+        .map(|c| Text::from(c.name.as_str()))
+        .collect();
     let mut keys = Vec::with_capacity(objs.elements.len());
     for e in &objs.elements {
-        let key = (e.container, e.key.clone());
-        let claims = elements.entry(key.clone()).or_default();
-        match claims.binary_search_by(|(o, _)| o.cmp(owner)) {
+        let data = || ElemData {
+            value: Value::new(&e.value, &chains),
+            comment: e.comment.as_deref().map(Text::from),
+        };
+        // The key text is shared by the map and the footprints of every claimant: an
+        // occupied entry keeps (and hands out) the text it has.
+        let entry = elements.entry((e.container, Text::from(e.key.as_str())));
+        let key = entry.key().clone();
+        let claims = entry.or_insert_with(|| Vec::with_capacity(1));
+        match claims.binary_search_by(|c| c.owner.cmp(owner)) {
             // A second claim by the same Service (two ports, one ClusterIP): the first stays.
             Ok(_) => continue,
-            Err(pos) => claims.insert(pos, (owner.clone(), (e.value.clone(), e.comment.clone()))),
+            Err(pos) => claims.insert(
+                pos,
+                Claim {
+                    owner: owner.clone(),
+                    data: data(),
+                },
+            ),
         }
         keys.push(key);
     }
-    keys
-}
-
-fn footprint(objs: &ServiceObjects, elements: Vec<(Container, String)>) -> Footprint {
     Footprint {
-        chains: objs.chains.iter().map(|c| c.name.clone()).collect(),
         sets: objs
             .sets
             .iter()
-            .map(|s| (s.name.clone(), s.timeout_seconds))
+            .map(|s| (Text::from(s.name.as_str()), s.timeout_seconds))
             .collect(),
-        elements,
+        elements: keys.into_boxed_slice(),
         rules: objs.rule_count(),
         filter_rules: objs
             .chains
@@ -276,6 +379,7 @@ fn footprint(objs: &ServiceObjects, elements: Vec<(Container, String)>) -> Footp
             .map(|c| c.rules.len())
             .sum(),
         endpoints: objs.endpoints,
+        chains,
     }
 }
 
@@ -284,34 +388,70 @@ fn is_filter_chain(name: &str) -> bool {
     name.starts_with("filter-") || name.ends_with("-check") || name == REJECT_CHAIN
 }
 
-/// The element text for `key` with `data`.
-fn element_text(key: &str, data: &ElemData) -> String {
-    let mut s = key.to_string();
-    if let Some(c) = &data.1 {
-        let _ = write!(s, " comment {}", quote(c));
-    }
-    if !data.0.is_empty() {
-        let _ = write!(s, " : {}", data.0);
-    }
-    s
+/// Writes the element `key` with `data`, as it goes between the braces of `add element`.
+fn write_claimed(out: &mut dyn std::fmt::Write, key: &str, data: &ElemData) {
+    write_element(out, key, &data.value.verdict(), data.comment.as_deref());
 }
 
-/// The payload of a full sync, and the state the table will be in once it is applied.
-/// `kernel` is what the table holds now (an empty [`TableObjects`] for a fresh node or a dry
-/// run); `rendered` must hold every Service.
+/// The payload of a full sync, and the state the table will be in once it is applied, in one
+/// buffer: [`plan_full`] then [`write_full`] into a `String`. `kernel` is what the table
+/// holds now (an empty [`TableObjects`] for a fresh node or a dry run); `rendered` must hold
+/// every Service.
 pub fn full_payload(
     family: IpFamily,
     cfg: &RenderConfig,
     rendered: &Rendered,
     kernel: &TableObjects,
 ) -> (String, State, PayloadStats) {
+    let state = plan_full(family, cfg, rendered);
+    let mut out = Vec::new();
+    // Writing into a Vec cannot fail.
+    let stats = write_full(family, cfg, rendered, kernel, &state, &mut out).unwrap_or_default();
+    let text = String::from_utf8(out)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+    (text, state, stats)
+}
+
+/// The first pass of a full sync: the state the table will be in once the payload of
+/// [`write_full`] is applied, from one visit of every Service. Only the state is kept of each
+/// Service's objects.
+pub fn plan_full(family: IpFamily, cfg: &RenderConfig, services: &dyn ServiceSet) -> State {
     let fixed = fixed_chains(family, cfg);
-    let estimate: usize = rendered
-        .services
-        .values()
-        .map(|s| s.rule_count() * 72 + s.elements.len() * 64 + 64)
-        .sum();
-    let mut w = Writer::new(family, estimate + 8192);
+    let mut state = State {
+        fixed: fixed_fingerprint(family, cfg),
+        fixed_rules: fixed.iter().map(|c| c.rules.len()).sum(),
+        fixed_filter_rules: fixed
+            .iter()
+            .filter(|c| is_filter_chain(&c.name))
+            .map(|c| c.rules.len())
+            .sum(),
+        ..State::default()
+    };
+    services.each(&mut |name, objs| state.add_service(name, objs));
+    if cfg.nodeport_ips.is_some() {
+        state.nodeport_ips = nodeport_ip_elements(cfg);
+    }
+    state
+}
+
+/// The second pass of a full sync: writes its payload into `out` as it goes. `state` is
+/// [`plan_full`]'s for the same `services`, which are visited once more for their rules;
+/// `kernel` is what the table holds now (an empty [`TableObjects`] for a fresh node or a dry
+/// run).
+///
+/// # Errors
+/// The first error of `out` (writing stops there).
+pub fn write_full(
+    family: IpFamily,
+    cfg: &RenderConfig,
+    services: &dyn ServiceSet,
+    kernel: &TableObjects,
+    state: &State,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<PayloadStats> {
+    let mut io = crate::IoText::new(out);
+    let mut w = Writer::new(family, &mut io);
+    let fixed = fixed_chains(family, cfg);
     let _ = writeln!(
         w.out,
         "add table {} {TABLE} {{ comment {} ; }}",
@@ -374,13 +514,9 @@ pub fn full_payload(
     // Desired per-Service objects.
     let mut wanted_chains: HashSet<&str> = HashSet::new();
     let mut wanted_sets: HashMap<&str, u32> = HashMap::new();
-    for objs in rendered.services.values() {
-        wanted_chains.extend(objs.chains.iter().map(|c| c.name.as_str()));
-        wanted_sets.extend(
-            objs.sets
-                .iter()
-                .map(|s| (s.name.as_str(), s.timeout_seconds)),
-        );
+    for fp in state.services.values() {
+        wanted_chains.extend(fp.chains.iter().map(|c| &**c));
+        wanted_sets.extend(fp.sets.iter().map(|(s, t)| (&**s, *t)));
     }
 
     // Delete the sets and maps nobody uses, ours whose type or comment differ, and affinity
@@ -451,55 +587,51 @@ pub fn full_payload(
         w.cmd("delete", "chain", name, "");
         w.stats.chains_deleted += 1;
     }
+    drop(wanted_chains);
+    drop(wanted_sets);
 
-    // Rules: fixed chains first, then every Service's sets and chains.
-    let mut sets: Vec<&AffinitySet> = Vec::new();
-    let mut chains: Vec<&ChainRules> = fixed.iter().collect();
-    for objs in rendered.services.values() {
-        sets.extend(&objs.sets);
-        chains.extend(&objs.chains);
-    }
-    w.block(sets, chains, addr_type(family));
-
-    // Elements, and the state they leave.
-    let mut state = State {
-        fixed: fixed_fingerprint(family, cfg),
-        fixed_rules: fixed.iter().map(|c| c.rules.len()).sum(),
-        fixed_filter_rules: fixed
-            .iter()
-            .filter(|c| is_filter_chain(&c.name))
-            .map(|c| c.rules.len())
-            .sum(),
-        ..State::default()
-    };
-    for (name, objs) in &rendered.services {
-        let keys = claim(&mut state.elements, name, objs);
-        let fp = footprint(objs, keys);
-        state.service_rules += fp.rules;
-        state.service_filter_rules += fp.filter_rules;
-        state.endpoints += fp.endpoints;
-        state.services.insert(name.clone(), fp);
-    }
-    let mut by_container: BTreeMap<Container, Vec<String>> = BTreeMap::new();
-    for ((container, key), claims) in &state.elements {
-        if let Some((_, data)) = claims.first() {
-            by_container
-                .entry(*container)
-                .or_default()
-                .push(element_text(key, data));
+    // Rules: every Service's affinity sets, the fixed chains, then every Service's chains
+    // (rendered again, one Service at a time).
+    w.open_block();
+    let addr = addr_type(family);
+    for fp in state.services.values() {
+        for (name, timeout) in &fp.sets {
+            w.set(name, *timeout, addr);
         }
     }
-    for (container, mut items) in by_container {
-        items.sort();
+    for c in &fixed {
+        w.chain(c);
+    }
+    services.each(&mut |_, objs| {
+        for c in &objs.chains {
+            w.chain(c);
+        }
+    });
+    w.close_block();
+
+    // Elements, in the state's order (by set or map, then by key text: the order of the
+    // element texts, since a key is never a prefix of another key of its container followed
+    // by a character below the space that follows a key).
+    for container in Container::ALL {
+        let lo = (container, Text::from(""));
+        let claimed = state
+            .elements
+            .range(lo..)
+            .take_while(|((c, _), _)| *c == container)
+            .filter_map(|((_, key), claims)| claims.first().map(|c| (key, &c.data)));
         w.stats.elements_added +=
-            w.elements("add", container.name(), items.iter().map(String::as_str));
+            w.elements("add", container.name(), claimed, |out, (key, data)| {
+                write_claimed(out, key, data);
+            });
     }
     if cfg.nodeport_ips.is_some() {
-        state.nodeport_ips = nodeport_ip_elements(cfg);
-        let items: Vec<String> = state.nodeport_ips.iter().map(IpAddr::to_string).collect();
-        w.elements("add", NODEPORT_IPS, items.iter().map(String::as_str));
+        w.elements("add", NODEPORT_IPS, &state.nodeport_ips, |out, ip| {
+            let _ = write!(out, "{ip}");
+        });
     }
-    (w.out, state, w.stats)
+    let mut stats = w.stats;
+    stats.bytes = io.finish()?;
+    Ok(stats)
 }
 
 /// The payload of a partial sync for the Services in `changed` (their current objects are in
@@ -513,9 +645,10 @@ pub fn partial_payload(
     changed: &BTreeSet<NamespacedName>,
     state: &mut State,
 ) -> (String, PayloadStats) {
-    let mut w = Writer::new(family, 4096);
+    let mut text = String::with_capacity(4096);
+    let mut w = Writer::new(family, &mut text);
     let mut old: Vec<(NamespacedName, Footprint)> = Vec::new();
-    let mut affected: BTreeSet<(Container, String)> = BTreeSet::new();
+    let mut affected: BTreeSet<ElemKey> = BTreeSet::new();
     for name in changed {
         if let Some(fp) = state.services.remove(name) {
             affected.extend(fp.elements.iter().cloned());
@@ -525,25 +658,22 @@ pub fn partial_payload(
             old.push((name.clone(), fp));
         }
         if let Some(objs) = rendered.services.get(name) {
-            affected.extend(objs.elements.iter().map(|e| (e.container, e.key.clone())));
+            affected.extend(
+                objs.elements
+                    .iter()
+                    .map(|e| (e.container, Text::from(e.key.as_str()))),
+            );
         }
     }
-    let effective = |elements: &HashMap<(Container, String), Vec<(NamespacedName, ElemData)>>,
-                     key: &(Container, String)| {
-        elements
-            .get(key)
-            .and_then(|c| c.first())
-            .map(|(_, d)| d.clone())
-    };
     let before: Vec<Option<ElemData>> = affected
         .iter()
-        .map(|k| effective(&state.elements, k))
+        .map(|k| state.effective(k).cloned())
         .collect();
     // Withdraw the old claims, then record the new ones.
     for (name, fp) in &old {
         for key in &fp.elements {
             if let Some(claims) = state.elements.get_mut(key) {
-                claims.retain(|(o, _)| o != name);
+                claims.retain(|c| c.owner != *name);
                 if claims.is_empty() {
                     state.elements.remove(key);
                 }
@@ -552,28 +682,21 @@ pub fn partial_payload(
     }
     for name in changed {
         if let Some(objs) = rendered.services.get(name) {
-            let keys = claim(&mut state.elements, name, objs);
-            let fp = footprint(objs, keys);
-            state.service_rules += fp.rules;
-            state.service_filter_rules += fp.filter_rules;
-            state.endpoints += fp.endpoints;
-            state.services.insert(name.clone(), fp);
+            state.add_service(name, objs);
         }
     }
-    let mut deletes: BTreeMap<Container, Vec<String>> = BTreeMap::new();
-    let mut adds: BTreeMap<Container, Vec<String>> = BTreeMap::new();
+    let mut deletes: BTreeMap<Container, Vec<&str>> = BTreeMap::new();
+    let mut adds: BTreeMap<Container, Vec<(&str, ElemData)>> = BTreeMap::new();
     for (key, was) in affected.iter().zip(before) {
-        let now = effective(&state.elements, key);
-        if was == now {
+        let now = state.effective(key);
+        if was.as_ref() == now {
             continue;
         }
         if was.is_some() {
-            deletes.entry(key.0).or_default().push(key.1.clone());
+            deletes.entry(key.0).or_default().push(&key.1);
         }
-        if let Some(data) = &now {
-            adds.entry(key.0)
-                .or_default()
-                .push(element_text(&key.1, data));
+        if let Some(data) = now {
+            adds.entry(key.0).or_default().push((&key.1, data.clone()));
         }
     }
 
@@ -596,12 +719,13 @@ pub fn partial_payload(
         }
     }
     for (container, keys) in &deletes {
-        w.stats.elements_deleted +=
-            w.elements("delete", container.name(), keys.iter().map(String::as_str));
+        w.stats.elements_deleted += w.elements("delete", container.name(), keys, |out, key| {
+            let _ = out.write_str(key);
+        });
     }
     for (_, fp) in &old {
         for (set, timeout) in &fp.sets {
-            if new_sets.get(set.as_str()) != Some(timeout) {
+            if new_sets.get(&**set) != Some(timeout) {
                 w.cmd("delete", "set", set, "");
                 w.stats.sets_deleted += 1;
             }
@@ -609,7 +733,7 @@ pub fn partial_payload(
     }
     for (_, fp) in &old {
         for chain in &fp.chains {
-            if !new_chains.contains(chain.as_str()) {
+            if !new_chains.contains(&**chain) {
                 w.cmd("delete", "chain", chain, "");
                 w.stats.chains_deleted += 1;
             }
@@ -623,11 +747,22 @@ pub fn partial_payload(
             chains.extend(&objs.chains);
         }
     }
-    w.block(sets, chains, addr_type(family));
-    for (container, mut items) in adds {
-        items.sort();
-        w.stats.elements_added +=
-            w.elements("add", container.name(), items.iter().map(String::as_str));
+    if !sets.is_empty() || !chains.is_empty() {
+        w.open_block();
+        let addr = addr_type(family);
+        for s in sets {
+            w.set(&s.name, s.timeout_seconds, addr);
+        }
+        for c in chains {
+            w.chain(c);
+        }
+        w.close_block();
+    }
+    for (container, items) in adds {
+        // Sorted by key, which is the order of the element texts (see `write_full`).
+        w.stats.elements_added += w.elements("add", container.name(), items, |out, (key, data)| {
+            write_claimed(out, key, &data);
+        });
     }
 
     // NodePort addresses may change without any event (a local address came or went).
@@ -644,11 +779,16 @@ pub fn partial_payload(
             .filter(|ip| !state.nodeport_ips.contains(ip))
             .map(IpAddr::to_string)
             .collect();
-        w.elements("delete", NODEPORT_IPS, gone.iter().map(String::as_str));
-        w.elements("add", NODEPORT_IPS, new.iter().map(String::as_str));
+        let text_item = |out: &mut dyn std::fmt::Write, s: &String| {
+            let _ = out.write_str(s);
+        };
+        w.elements("delete", NODEPORT_IPS, &gone, text_item);
+        w.elements("add", NODEPORT_IPS, &new, text_item);
         state.nodeport_ips = now;
     }
-    (w.out, w.stats)
+    let mut stats = w.stats;
+    stats.bytes = text.len();
+    (text, stats)
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@
 //! Services with session affinity, as upstream does.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use kp_model::{
@@ -152,6 +151,38 @@ impl Container {
     }
 }
 
+/// The value of an element of a verdict map (`: drop`, `: goto CHAIN`); sets have none.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verdict {
+    /// A set element: no value.
+    None,
+    /// `drop`.
+    Drop,
+    /// `goto reject-chain` (a Service without endpoints).
+    Reject,
+    /// `goto CHAIN`, one of the Service's own chains.
+    Goto(String),
+}
+
+impl Verdict {
+    /// Whether the element has no value (a set element).
+    pub fn is_none(&self) -> bool {
+        matches!(self, Verdict::None)
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    /// The value as nft writes it after ` : ` (empty for [`Verdict::None`]).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Verdict::None => Ok(()),
+            Verdict::Drop => f.write_str("drop"),
+            Verdict::Reject => write!(f, "goto {REJECT_CHAIN}"),
+            Verdict::Goto(chain) => write!(f, "goto {chain}"),
+        }
+    }
+}
+
 /// One element a Service contributes to a shared set or map.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Element {
@@ -159,8 +190,8 @@ pub struct Element {
     pub container: Container,
     /// The key as nft writes it (`10.96.0.1 . tcp . 80`).
     pub key: String,
-    /// The verdict for maps (`goto service-…`, `drop`); empty for sets.
-    pub value: String,
+    /// The verdict for maps (`goto service-…`, `drop`); [`Verdict::None`] for sets.
+    pub value: Verdict,
     /// An element comment (the ServicePortName, on the no-endpoint maps, like upstream).
     pub comment: Option<String>,
 }
@@ -168,14 +199,26 @@ pub struct Element {
 impl Element {
     /// The element as it goes between the braces of `add element`.
     pub fn text(&self) -> String {
-        let mut s = self.key.clone();
-        if let Some(c) = &self.comment {
-            let _ = write!(s, " comment {}", quote(c));
-        }
-        if !self.value.is_empty() {
-            let _ = write!(s, " : {}", self.value);
-        }
+        let mut s = String::new();
+        write_element(&mut s, &self.key, &self.value, self.comment.as_deref());
         s
+    }
+}
+
+/// Writes an element as it goes between the braces of `add element`:
+/// `KEY[ comment "C"][ : VALUE]`.
+pub fn write_element(
+    out: &mut dyn std::fmt::Write,
+    key: &str,
+    value: &Verdict,
+    comment: Option<&str>,
+) {
+    let _ = out.write_str(key);
+    if let Some(c) = comment {
+        let _ = write!(out, " comment {}", quote(c));
+    }
+    if !value.is_none() {
+        let _ = write!(out, " : {value}");
     }
 }
 
@@ -444,17 +487,45 @@ pub fn render(
         service_ports: snap.services.len(),
         ..Rendered::default()
     };
+    for_each_service(snap, cfg, only, &mut |name, objs| {
+        out.endpoints += objs.endpoints;
+        out.services.insert(name.clone(), objs);
+    });
+    out
+}
+
+/// Renders the Services of `snap` (all of them, or those named in `only`) one at a time, in
+/// name order, handing each Service's objects (all its ports) to `f`: what [`render`]
+/// collects, without holding more than one Service.
+pub fn for_each_service(
+    snap: &Snapshot,
+    cfg: &RenderConfig,
+    only: Option<&BTreeSet<NamespacedName>>,
+    f: &mut dyn FnMut(&NamespacedName, ServiceObjects),
+) {
     let ctx = Ctx {
         family: snap.family,
         ip: ip_word(snap.family),
         mark: mark_text(cfg.masquerade_mark),
         cfg,
     };
+    // The ports of a Service are adjacent in the snapshot (ServicePortNames sort by Service
+    // first): a Service is complete when the next port belongs to another one.
+    let mut current: Option<(NamespacedName, ServiceObjects)> = None;
+    let mut port = |spn: &ServicePortName, svc: &ServicePortInfo| {
+        if current.as_ref().is_some_and(|(n, _)| *n != spn.service)
+            && let Some((name, objs)) = current.take()
+        {
+            f(&name, objs);
+        }
+        let (_, objs) =
+            current.get_or_insert_with(|| (spn.service.clone(), ServiceObjects::default()));
+        write_service(&ctx, snap, svc, objs);
+    };
     match only {
         None => {
             for (spn, svc) in &snap.services {
-                let objs = out.services.entry(spn.service.clone()).or_default();
-                write_service(&ctx, snap, svc, objs);
+                port(spn, svc);
             }
         }
         Some(names) => {
@@ -465,14 +536,46 @@ pub fn render(
                     .range(start..)
                     .take_while(|(spn, _)| &spn.service == name)
                 {
-                    let objs = out.services.entry(spn.service.clone()).or_default();
-                    write_service(&ctx, snap, svc, objs);
+                    port(spn, svc);
                 }
             }
         }
     }
-    out.endpoints = out.services.values().map(|s| s.endpoints).sum();
-    out
+    if let Some((name, objs)) = current {
+        f(&name, objs);
+    }
+}
+
+/// Every Service's objects, visited in name order as often as a payload needs them: a
+/// [`Rendered`] holds them all; [`Rendering`] renders them again at each visit, so that a full
+/// sync never holds more than one Service's rules.
+pub trait ServiceSet {
+    /// Calls `f` with each Service's name and objects, in name order.
+    fn each(&self, f: &mut dyn FnMut(&NamespacedName, &ServiceObjects));
+}
+
+impl ServiceSet for Rendered {
+    fn each(&self, f: &mut dyn FnMut(&NamespacedName, &ServiceObjects)) {
+        for (name, objs) in &self.services {
+            f(name, objs);
+        }
+    }
+}
+
+/// Every Service of a snapshot, rendered one at a time at each visit
+/// ([`for_each_service`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Rendering<'a> {
+    /// The snapshot.
+    pub snap: &'a Snapshot,
+    /// The render settings.
+    pub cfg: &'a RenderConfig,
+}
+
+impl ServiceSet for Rendering<'_> {
+    fn each(&self, f: &mut dyn FnMut(&NamespacedName, &ServiceObjects)) {
+        for_each_service(self.snap, self.cfg, None, &mut |name, objs| f(name, &objs));
+    }
 }
 
 struct Ctx<'a> {
@@ -535,12 +638,12 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
     let uses_firewall_chain =
         !svc.load_balancer_vips.is_empty() && !svc.load_balancer_source_ranges.is_empty();
     let verdict = if eps.has_any {
-        "drop".to_string()
+        Verdict::Drop
     } else {
-        format!("goto {REJECT_CHAIN}")
+        Verdict::Reject
     };
 
-    let element = |container, key: String, value: String, comment: bool| Element {
+    let element = |container, key: String, value: Verdict, comment: bool| Element {
         container,
         key,
         value,
@@ -552,14 +655,14 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
     out.elements.push(element(
         Container::ClusterIps,
         svc.cluster_ip.to_string(),
-        String::new(),
+        Verdict::None,
         false,
     ));
     if has_internal {
         out.elements.push(element(
             Container::ServiceIps,
             vip_key(&svc.cluster_ip),
-            format!("goto {internal_chain}"),
+            Verdict::Goto(internal_chain.clone()),
             false,
         ));
     } else {
@@ -576,7 +679,7 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
             out.elements.push(element(
                 Container::ServiceIps,
                 vip_key(addr),
-                format!("goto {}", names.external),
+                Verdict::Goto(names.external.clone()),
                 false,
             ));
         }
@@ -595,7 +698,7 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
             out.elements.push(element(
                 Container::ServiceIps,
                 vip_key(addr),
-                format!("goto {}", names.external),
+                Verdict::Goto(names.external.clone()),
                 false,
             ));
         }
@@ -603,7 +706,7 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
             out.elements.push(element(
                 Container::FirewallIps,
                 vip_key(addr),
-                format!("goto {}", names.firewall),
+                Verdict::Goto(names.firewall.clone()),
                 false,
             ));
         }
@@ -623,7 +726,7 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
             out.elements.push(element(
                 Container::ServiceNodePorts,
                 key.clone(),
-                format!("goto {}", names.external),
+                Verdict::Goto(names.external.clone()),
                 false,
             ));
         }
@@ -641,7 +744,7 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
         out.elements.push(element(
             Container::HairpinConnections,
             format!("{} . {} . {proto} . {}", ep.ip, ep.ip, ep.port),
-            String::new(),
+            Verdict::None,
             false,
         ));
     }

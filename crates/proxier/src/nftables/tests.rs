@@ -19,11 +19,14 @@ use crate::FakeHost;
 
 /// The real runner inside a namespace, recording payloads; `fail_next` makes the kernel
 /// reject the next transaction (an extra command referencing a chain that does not exist is
-/// appended, so the whole payload must be rolled back).
+/// appended, so the whole payload must be rolled back). `streamed` records, per payload,
+/// whether it came through [`Nft::apply_with`] (it is then passed on to nft's stdin through
+/// the real runner's streaming path).
 struct TestNft {
     inner: ExecNft,
     fail_next: AtomicBool,
     payloads: Mutex<Vec<String>>,
+    streamed: Mutex<Vec<bool>>,
 }
 
 impl TestNft {
@@ -37,7 +40,19 @@ impl TestNft {
             ]))),
             fail_next: AtomicBool::new(false),
             payloads: Mutex::new(Vec::new()),
+            streamed: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Records `payload` and adds the failing command when asked to.
+    fn record(&self, payload: &[u8], streamed: bool) -> String {
+        let mut text = String::from_utf8_lossy(payload).into_owned();
+        self.payloads.lock().unwrap().push(text.clone());
+        self.streamed.lock().unwrap().push(streamed);
+        if self.fail_next.swap(false, Ordering::SeqCst) {
+            text.push_str("add rule ip kube-proxy services jump no-such-chain\n");
+        }
+        text
     }
 
     fn last_payload(&self) -> String {
@@ -52,12 +67,20 @@ impl TestNft {
 
 impl Nft for TestNft {
     fn apply(&self, payload: &[u8]) -> Result<(), kp_netfilter::Error> {
-        let mut text = String::from_utf8_lossy(payload).into_owned();
-        self.payloads.lock().unwrap().push(text.clone());
-        if self.fail_next.swap(false, Ordering::SeqCst) {
-            text.push_str("add rule ip kube-proxy services jump no-such-chain\n");
-        }
+        let text = self.record(payload, false);
         self.inner.apply(text.as_bytes())
+    }
+    fn apply_with(
+        &self,
+        payload: &mut kp_netfilter::PayloadWriter<'_>,
+    ) -> Result<(), kp_netfilter::Error> {
+        let mut buf = Vec::new();
+        payload(&mut buf).map_err(|source| kp_netfilter::Error::Io {
+            command: "test payload".into(),
+            source,
+        })?;
+        let text = self.record(&buf, true);
+        self.inner.apply_with(&mut |w| w.write_all(text.as_bytes()))
     }
     fn list_table(&self, f: IpVersion, t: &str) -> Result<Option<String>, kp_netfilter::Error> {
         self.inner.list_table(f, t)
@@ -623,7 +646,12 @@ fn every_payload_is_one_transaction() {
         t.apply(e);
     }
     let mut p = proxier(&ns, IpFamily::V4, cfg());
-    sync(&mut p, &mut t);
+    let first = sync(&mut p, &mut t);
+    // The full sync is written into nft's stdin as it is rendered; its report counts the
+    // bytes written.
+    assert!(first.full);
+    assert_eq!(*p.runner().streamed.lock().unwrap(), [true]);
+    assert_eq!(first.payload_bytes, p.runner().last_payload().len());
     let applied_before = p.runner().payloads.lock().unwrap().len();
     t.apply(SourceEvent::ServiceDelete(NamespacedName::new(
         "shop", "web",
@@ -635,6 +663,8 @@ fn every_payload_is_one_transaction() {
         p.runner().payloads.lock().unwrap().len(),
         applied_before + 1
     );
+    // A partial payload is small and goes in one buffer.
+    assert_eq!(*p.runner().streamed.lock().unwrap(), [true, false]);
     let payload = p.runner().last_payload();
     let flushes = payload.find("flush chain").unwrap();
     let deletes = payload.find("delete chain").unwrap();

@@ -70,8 +70,9 @@ pub struct Listener {
     pub protocol: Protocol,
     /// ClientIP session affinity timeout; `None`: no affinity.
     pub affinity: Option<Duration>,
-    /// The endpoints (`ip:port`), in the snapshot's order.
-    pub endpoints: Vec<SocketAddr>,
+    /// The endpoints (`ip:port`), in the snapshot's order; one allocation that the relay
+    /// shares rather than copies.
+    pub endpoints: Arc<[SocketAddr]>,
 }
 
 impl Listener {
@@ -159,7 +160,8 @@ pub struct UserspaceConfig {
 /// The listeners `snap` needs, in ServicePortName order. SCTP ports are left out (returned
 /// in the second list).
 pub fn listeners(snap: &Snapshot) -> (Vec<Listener>, Vec<ServicePortName>) {
-    let mut out = Vec::new();
+    // One listener per Service port, a few more for external destinations.
+    let mut out = Vec::with_capacity(snap.services.len() + snap.services.len() / 8);
     let mut sctp = Vec::new();
     for (name, svc) in &snap.services {
         if name.protocol == Protocol::Sctp {
@@ -168,7 +170,7 @@ pub fn listeners(snap: &Snapshot) -> (Vec<Listener>, Vec<ServicePortName>) {
         }
         let eps = snap.endpoints_of(name);
         let cat = kp_track::categorize(svc, eps, &snap.node_name, &snap.node_labels);
-        let addrs = |list: &[&kp_model::Endpoint]| -> Vec<SocketAddr> {
+        let addrs = |list: &[&kp_model::Endpoint]| -> Arc<[SocketAddr]> {
             list.iter().map(|e| SocketAddr::new(e.ip, e.port)).collect()
         };
         let internal = if svc.internal_policy_local {
@@ -182,7 +184,7 @@ pub fn listeners(snap: &Snapshot) -> (Vec<Listener>, Vec<ServicePortName>) {
                 Some(Duration::from_secs(u64::from(timeout_seconds)))
             }
         };
-        let make = |scope: Scope, endpoints: Vec<SocketAddr>| Listener {
+        let make = |scope: Scope, endpoints: Arc<[SocketAddr]>| Listener {
             service: name.clone(),
             scope,
             protocol: name.protocol,
@@ -218,7 +220,9 @@ pub struct UserspaceProxier<I: Iptables, R: PortalRelay> {
     relay: R,
     host: Arc<dyn Host>,
     needs_full: bool,
-    last_rules: Option<String>,
+    /// The digest of the rules the last sync wrote ([`RulesDigest`]), to skip writing the
+    /// same rules again; the rules themselves are not kept.
+    last_rules: Option<RulesDigest>,
     portals: Vec<Portal>,
     warned_sctp: BTreeSet<ServicePortName>,
     failed: BTreeMap<String, String>,
@@ -282,19 +286,30 @@ impl<I: Iptables, R: PortalRelay> UserspaceProxier<I, R> {
             .copied()
     }
 
-    fn payload(&self, rules: &Rendered, kernel: Option<&(KernelTable, KernelTable)>) -> String {
-        let mut out = String::with_capacity(rules.filter.len() + rules.nat.len() + 1024);
-        for (table, chains, body, kt) in [
+    /// Writes the restore payload into `out`: per table its chain declarations (and on a
+    /// full sync the jump repairs and the deletion of another mode's chains), the rules as
+    /// [`render::render_table`] writes them, `COMMIT`.
+    fn write_payload(
+        rules: &RenderInput<'_>,
+        kernel: Option<&(KernelTable, KernelTable)>,
+        out: &mut dyn std::fmt::Write,
+    ) {
+        for (table, name, chains, kt) in [
             (
+                render::Table::Filter,
                 "filter",
                 &FILTER_CHAINS[..],
-                &rules.filter,
                 kernel.map(|k| &k.0),
             ),
-            ("nat", &NAT_CHAINS[..], &rules.nat, kernel.map(|k| &k.1)),
+            (
+                render::Table::Nat,
+                "nat",
+                &NAT_CHAINS[..],
+                kernel.map(|k| &k.1),
+            ),
         ] {
-            let _ = writeln!(out, "*{table}");
-            let stale = kt.map(|k| other_mode_chains(table, k)).unwrap_or_default();
+            let _ = writeln!(out, "*{name}");
+            let stale = kt.map(|k| other_mode_chains(name, k)).unwrap_or_default();
             for c in chains
                 .iter()
                 .copied()
@@ -305,15 +320,72 @@ impl<I: Iptables, R: PortalRelay> UserspaceProxier<I, R> {
             // A partial sync trusts the jumps the last full one checked; only full syncs
             // (and a dry run, whose kernel is empty) write them.
             if let Some(k) = kt {
-                out.push_str(&jump_fixups(table, Some(k)));
+                let _ = out.write_str(&jump_fixups(name, Some(k)));
             }
             for c in &stale {
                 let _ = writeln!(out, "-X {c}");
             }
-            out.push_str(body);
-            out.push_str("COMMIT\n");
+            rules.write(table, out);
+            let _ = out.write_str("COMMIT\n");
         }
-        out
+    }
+}
+
+/// What the portal rules are rendered from.
+struct RenderInput<'a> {
+    snap: &'a Snapshot,
+    portals: &'a [Portal],
+    node: &'a NodeView<'a>,
+}
+
+impl RenderInput<'_> {
+    fn write(&self, table: render::Table, out: &mut dyn std::fmt::Write) {
+        render::render_table(self.snap, self.portals, self.node, table, out);
+    }
+}
+
+/// A SHA-256 digest of a sync's rules (filter, a NUL, nat) and their line counts: the
+/// state a sync keeps to tell whether the next one has anything to write (at 10,000
+/// Services the text is ~3 MB, the digest 32 bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct RulesDigest {
+    digest: [u8; 32],
+    filter_rules: usize,
+    nat_rules: usize,
+}
+
+/// A [`std::fmt::Write`] that hashes and counts lines, for [`RulesDigest`].
+struct Hashing {
+    hasher: sha2::Sha256,
+    lines: usize,
+}
+
+impl std::fmt::Write for Hashing {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        use sha2::Digest as _;
+        self.hasher.update(s.as_bytes());
+        self.lines += s.bytes().filter(|b| *b == b'\n').count();
+        Ok(())
+    }
+}
+
+impl RulesDigest {
+    /// Renders the rules once, into the hash.
+    fn of(rules: &RenderInput<'_>) -> RulesDigest {
+        use sha2::Digest as _;
+        let mut h = Hashing {
+            hasher: sha2::Sha256::new(),
+            lines: 0,
+        };
+        rules.write(render::Table::Filter, &mut h);
+        let filter_rules = h.lines;
+        h.hasher.update([0u8]);
+        rules.write(render::Table::Nat, &mut h);
+        RulesDigest {
+            digest: h.hasher.finalize().into(),
+            filter_rules,
+            nat_rules: h.lines - filter_rules,
+        }
     }
 }
 
@@ -438,12 +510,18 @@ impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
                 .local_detector
                 .for_family(self.family, &snap.node_pod_cidrs),
         };
-        let rules = render::render(snap, &portals, &node);
+        let input = RenderInput {
+            snap,
+            portals: &portals,
+            node: &node,
+        };
+        // The rules are rendered into a digest, and only when they changed (or on a full
+        // sync) again, straight into iptables-restore's stdin: never held whole.
+        let digest = RulesDigest::of(&input);
         let render_time = t_render.elapsed();
         let t_apply = Instant::now();
-        let text = format!("{}\u{0}{}", rules.filter, rules.nat);
         let mut payload_bytes = 0;
-        if full || self.last_rules.as_deref() != Some(text.as_str()) {
+        if full || self.last_rules.as_ref() != Some(&digest) {
             let kernel = if full {
                 let read = |table: Table| -> Result<KernelTable, ProxierError> {
                     let text = self.ipt.save(Some(table))?;
@@ -453,12 +531,15 @@ impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
             } else {
                 None
             };
-            let mut payload = self.payload(&rules, kernel.as_ref());
-            if full {
-                payload.push_str(crate::iptables::canary::CANARY_BLOCKS);
-            }
-            payload_bytes = payload.len();
-            self.ipt.restore(payload.as_bytes())?;
+            self.ipt.restore_with(&mut |w| {
+                let mut out = crate::IoText::new(w);
+                Self::write_payload(&input, kernel.as_ref(), &mut out);
+                if full {
+                    let _ = out.write_str(crate::iptables::canary::CANARY_BLOCKS);
+                }
+                payload_bytes = out.finish()?;
+                Ok(())
+            })?;
         }
         let apply_time = t_apply.elapsed();
         info!(
@@ -471,8 +552,9 @@ impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
             apply_ms = %format!("{:.3}", apply_time.as_secs_f64() * 1e3),
             "synced userspace portals"
         );
+        let (filter_rules, nat_rules) = (digest.filter_rules, digest.nat_rules);
         self.portals = portals;
-        self.last_rules = Some(text);
+        self.last_rules = Some(digest);
         self.needs_full = false;
         Ok(SyncReport {
             family: Some(self.family),
@@ -480,8 +562,8 @@ impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
             service_ports: snap.services.len(),
             endpoints: snap.endpoints.values().map(|e| e.len()).sum(),
             payload_bytes,
-            filter_rules: rules.filter.lines().count(),
-            nat_rules: rules.nat.lines().count(),
+            filter_rules,
+            nat_rules,
             deleted_chains: 0,
             render_time,
             apply_time,

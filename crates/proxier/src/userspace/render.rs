@@ -32,7 +32,7 @@
 //!   traffic to those destinations still go to the ClusterIP's listener, as the kernel modes
 //!   short-circuit them to the cluster-wide endpoints.
 
-use std::fmt::Write as _;
+use std::fmt::Write;
 use std::net::{IpAddr, SocketAddr};
 
 use kp_model::{Protocol, ServicePortInfo, Snapshot};
@@ -148,7 +148,7 @@ fn host_cidr(ip: IpAddr) -> String {
 }
 
 /// ` -p tcp -m comment --comment "SPN" -m tcp --dport PORT`
-fn port_match(out: &mut String, svc: &ServicePortInfo, port: u16) {
+fn port_match(out: &mut dyn Write, svc: &ServicePortInfo, port: u16) {
     let p = proto(svc.name.protocol);
     let _ = write!(
         out,
@@ -159,7 +159,7 @@ fn port_match(out: &mut String, svc: &ServicePortInfo, port: u16) {
 
 /// `-A CHAIN [-s SRC] [-d DST/32] [-i IFACE]`, in `iptables-save`'s order.
 fn rule_head(
-    out: &mut String,
+    out: &mut dyn Write,
     chain: &str,
     src: Option<ipnet::IpNet>,
     dst: Option<IpAddr>,
@@ -181,11 +181,11 @@ fn rule_head(
     }
 }
 
-fn container_target(out: &mut String, port: u16) {
+fn container_target(out: &mut dyn Write, port: u16) {
     let _ = writeln!(out, " -j REDIRECT --to-ports {port}");
 }
 
-fn host_target(out: &mut String, node_ip: Option<IpAddr>, port: u16) {
+fn host_target(out: &mut dyn Write, node_ip: Option<IpAddr>, port: u16) {
     match node_ip {
         Some(ip) => {
             let _ = writeln!(
@@ -200,14 +200,44 @@ fn host_target(out: &mut String, node_ip: Option<IpAddr>, port: u16) {
 
 /// Renders the portal rules for every Service port of `snap` that has a listener in
 /// `portals` (a Service port without one, e.g. SCTP or a listener that could not be opened,
-/// gets no rules and keeps no traffic).
+/// gets no rules and keeps no traffic), into two strings. [`render_table`] writes the same
+/// text of one table into any writer.
 pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rendered {
-    let family = snap.family;
     let mut out = Rendered::default();
-    let mut host = String::new();
-    let mut container = String::new();
-    let mut np_container = String::new();
-    let mut np_host = String::new();
+    render_table(snap, portals, node, Table::Filter, &mut out.filter);
+    render_table(snap, portals, node, Table::Nat, &mut out.nat);
+    out
+}
+
+/// The table [`render_table`] writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Table {
+    /// `KUBE-NODEPORT-NON-LOCAL`.
+    Filter,
+    /// The four portal chains, one after the other.
+    Nat,
+}
+
+/// The chains of the nat table, in the order their rules are written.
+const NAT_ORDER: [&str; 4] = [
+    KUBE_PORTALS_CONTAINER,
+    KUBE_PORTALS_HOST,
+    KUBE_NODEPORT_CONTAINER,
+    KUBE_NODEPORT_HOST,
+];
+
+/// Writes the rules of `table` (the text [`render`] puts in [`Rendered::filter`] or
+/// [`Rendered::nat`]) into `out` as it goes, holding nothing but one rule: the nat table is
+/// written chain by chain, one pass over the Services each. `portals` must be in the order
+/// [`super::listeners`] gives (by ServicePortName).
+pub fn render_table(
+    snap: &Snapshot,
+    portals: &[Portal],
+    node: &NodeView<'_>,
+    table: Table,
+    out: &mut dyn Write,
+) {
+    let family = snap.family;
     let nodeport_ips: Option<Vec<IpAddr>> = if node.nodeport_addresses.match_all(family) {
         None
     } else {
@@ -216,34 +246,83 @@ pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rende
                 .node_ips(family, node.local_addrs, &snap.node_ips),
         )
     };
-    for (name, svc) in &snap.services {
-        let port_of = |scope: Scope| {
-            portals
+    let chains: &[&str] = match table {
+        Table::Filter => &[KUBE_NODEPORT_NON_LOCAL],
+        Table::Nat => &NAT_ORDER,
+    };
+    for chain in chains {
+        for (name, svc) in &snap.services {
+            // The listeners of a Service port are adjacent (ServicePortName order).
+            let first = portals.partition_point(|p| p.listener.service < *name);
+            let mine = portals[first..]
                 .iter()
-                .find(|p| p.listener.service == *name && p.listener.scope == scope)
-                .map(|p| p.port)
-        };
-        let Some(internal) = port_of(Scope::Internal) else {
-            continue;
-        };
-        let external = port_of(Scope::External).unwrap_or(internal);
-        // Under externalTrafficPolicy: Local, pod and node traffic to an external
-        // destination goes to the cluster-wide endpoints: the cluster listener's, or the
-        // ClusterIP's when they are the same.
-        let cluster = port_of(Scope::Cluster).unwrap_or(internal);
-        // ClusterIP.
-        for (chain, buf) in [
-            (KUBE_PORTALS_CONTAINER, &mut container),
-            (KUBE_PORTALS_HOST, &mut host),
-        ] {
-            let _ = write!(buf, "-A {chain} -d {}", host_cidr(svc.cluster_ip));
-            port_match(buf, svc, svc.port);
-            if chain == KUBE_PORTALS_HOST {
-                host_target(buf, node.node_ip, internal);
-            } else {
-                container_target(buf, internal);
+                .take_while(|p| p.listener.service == *name);
+            let mut ports = [None; 3];
+            for p in mine {
+                let i = match p.listener.scope {
+                    Scope::Internal => 0,
+                    Scope::External => 1,
+                    Scope::Cluster => 2,
+                };
+                ports[i].get_or_insert(p.port);
             }
+            let Some(internal) = ports[0] else {
+                continue;
+            };
+            let ports = Ports {
+                internal,
+                external: ports[1].unwrap_or(internal),
+                // Under externalTrafficPolicy: Local, pod and node traffic to an external
+                // destination goes to the cluster-wide endpoints: the cluster listener's, or
+                // the ClusterIP's when they are the same.
+                cluster: ports[2].unwrap_or(internal),
+            };
+            service_rules(snap, svc, &ports, node, nodeport_ips.as_deref(), chain, out);
         }
+    }
+}
+
+/// The listening ports of one Service port.
+struct Ports {
+    internal: u16,
+    external: u16,
+    cluster: u16,
+}
+
+/// The rules of one Service port in `chain`.
+fn service_rules(
+    snap: &Snapshot,
+    svc: &ServicePortInfo,
+    ports: &Ports,
+    node: &NodeView<'_>,
+    nodeport_ips: Option<&[IpAddr]>,
+    chain: &str,
+    out: &mut dyn Write,
+) {
+    let family = snap.family;
+    let Ports {
+        internal,
+        external,
+        cluster,
+    } = *ports;
+    let host = chain == KUBE_PORTALS_HOST;
+    let container = chain == KUBE_PORTALS_CONTAINER;
+    let np_container = chain == KUBE_NODEPORT_CONTAINER;
+    let np_host = chain == KUBE_NODEPORT_HOST;
+    // ClusterIP.
+    if container || host {
+        let _ = write!(out, "-A {chain} -d {}", host_cidr(svc.cluster_ip));
+        port_match(out, svc, svc.port);
+        if host {
+            host_target(out, node.node_ip, internal);
+        } else {
+            container_target(out, internal);
+        }
+    }
+    // Where the external listener differs, pod traffic (and the node's own) to an
+    // external destination goes to the ClusterIP's listener.
+    let short_circuit = svc.external_policy_local && external != cluster;
+    if container || host {
         // externalIPs and load-balancer IPs: external destinations.
         // (destination, source range); a source-ranged VIP gets one rule per range, and
         // one for its own address as source when the node is inside a range (traffic
@@ -271,71 +350,67 @@ pub fn render(snap: &Snapshot, portals: &[Portal], node: &NodeView<'_>) -> Rende
                 external_dsts.extend(ranges.into_iter().map(|r| (*vip, Some(r))));
             }
         }
-        // Where the external listener differs, pod traffic (and the node's own) to an
-        // external destination goes to the ClusterIP's listener.
-        let short_circuit = svc.external_policy_local && external != cluster;
         for (dst, src) in external_dsts {
-            if short_circuit && src.is_none() && node.local.is_some() {
-                rule_head(
-                    &mut container,
-                    KUBE_PORTALS_CONTAINER,
-                    None,
-                    Some(dst),
-                    node.local.as_ref(),
-                );
-                port_match(&mut container, svc, svc.port);
-                container_target(&mut container, cluster);
-            }
-            rule_head(&mut container, KUBE_PORTALS_CONTAINER, src, Some(dst), None);
-            port_match(&mut container, svc, svc.port);
-            container_target(&mut container, external);
-            rule_head(&mut host, KUBE_PORTALS_HOST, src, Some(dst), None);
-            port_match(&mut host, svc, svc.port);
-            host_target(
-                &mut host,
-                node.node_ip,
-                if short_circuit { cluster } else { external },
-            );
-        }
-        // NodePorts.
-        if let Some(np) = svc.node_port {
-            let dsts: Vec<Option<IpAddr>> = match &nodeport_ips {
-                None => vec![None],
-                Some(ips) => ips.iter().map(|ip| Some(*ip)).collect(),
-            };
-            for dst in dsts {
-                if short_circuit && node.local.is_some() {
-                    rule_head(
-                        &mut np_container,
-                        KUBE_NODEPORT_CONTAINER,
-                        None,
-                        dst,
-                        node.local.as_ref(),
-                    );
-                    port_match(&mut np_container, svc, np);
-                    container_target(&mut np_container, cluster);
+            if container {
+                if short_circuit && src.is_none() && node.local.is_some() {
+                    rule_head(out, chain, None, Some(dst), node.local.as_ref());
+                    port_match(out, svc, svc.port);
+                    container_target(out, cluster);
                 }
-                rule_head(&mut np_container, KUBE_NODEPORT_CONTAINER, None, dst, None);
-                port_match(&mut np_container, svc, np);
-                container_target(&mut np_container, external);
-                rule_head(&mut np_host, KUBE_NODEPORT_HOST, None, dst, None);
-                port_match(&mut np_host, svc, np);
+                rule_head(out, chain, src, Some(dst), None);
+                port_match(out, svc, svc.port);
+                container_target(out, external);
+            } else {
+                rule_head(out, chain, src, Some(dst), None);
+                port_match(out, svc, svc.port);
                 host_target(
-                    &mut np_host,
+                    out,
                     node.node_ip,
                     if short_circuit { cluster } else { external },
                 );
             }
-            let _ = write!(out.filter, "-A {KUBE_NODEPORT_NON_LOCAL}");
-            port_match(&mut out.filter, svc, external);
-            out.filter.push_str(" -j ACCEPT\n");
         }
     }
-    out.nat.push_str(&container);
-    out.nat.push_str(&host);
-    out.nat.push_str(&np_container);
-    out.nat.push_str(&np_host);
-    out
+    // NodePorts.
+    let Some(np) = svc.node_port else {
+        return;
+    };
+    if np_container || np_host {
+        let all = [None];
+        let some: Vec<Option<IpAddr>>;
+        let dsts: &[Option<IpAddr>] = match nodeport_ips {
+            None => &all,
+            Some(ips) => {
+                some = ips.iter().map(|ip| Some(*ip)).collect();
+                &some
+            }
+        };
+        for dst in dsts {
+            if np_container {
+                if short_circuit && node.local.is_some() {
+                    rule_head(out, chain, None, *dst, node.local.as_ref());
+                    port_match(out, svc, np);
+                    container_target(out, cluster);
+                }
+                rule_head(out, chain, None, *dst, None);
+                port_match(out, svc, np);
+                container_target(out, external);
+            } else {
+                rule_head(out, chain, None, *dst, None);
+                port_match(out, svc, np);
+                host_target(
+                    out,
+                    node.node_ip,
+                    if short_circuit { cluster } else { external },
+                );
+            }
+        }
+    }
+    if chain == KUBE_NODEPORT_NON_LOCAL {
+        let _ = write!(out, "-A {KUBE_NODEPORT_NON_LOCAL}");
+        port_match(out, svc, external);
+        let _ = out.write_str(" -j ACCEPT\n");
+    }
 }
 
 #[cfg(test)]

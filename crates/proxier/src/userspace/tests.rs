@@ -52,7 +52,7 @@ fn sync_serves_listeners_then_writes_portals() {
     assert!(report.full);
     assert_eq!(p.relay().served.len(), 1);
     assert_eq!(
-        p.relay().served[0].endpoints,
+        *p.relay().served[0].endpoints,
         [ip_port("10.0.2.5:8080"), ip_port("10.0.2.6:8080")]
     );
     let saved = nat(&p);
@@ -79,7 +79,7 @@ fn sync_serves_listeners_then_writes_portals() {
     p.sync(&web_snapshot(&["10.0.2.7"]), &Changes::default())
         .unwrap();
     assert_eq!(p.runner().restore_count(), restores);
-    assert_eq!(p.relay().served[0].endpoints, [ip_port("10.0.2.7:8080")]);
+    assert_eq!(*p.relay().served[0].endpoints, [ip_port("10.0.2.7:8080")]);
 
     // The Service goes: the listener is closed and the rules removed.
     let empty = snapshot(IpFamily::V4, "node-a", vec![], vec![]);
@@ -307,4 +307,117 @@ fn jumps_are_written_once_and_duplicates_removed() {
     };
     p.sync(&web_snapshot(&["10.0.2.5"]), &full).unwrap();
     assert_eq!(count(&p), (1, 1, 1));
+}
+
+/// The checking fake behind a [`Iptables::restore_with`] that counts the writes it is given:
+/// the userspace proxier's restores must come through it, in pieces.
+struct Streaming {
+    fake: FakeIptables,
+    writes: std::sync::Mutex<Vec<usize>>,
+}
+
+impl Iptables for Streaming {
+    fn ip_version(&self) -> IpVersion {
+        self.fake.ip_version()
+    }
+    fn restore(&self, _: &[u8]) -> Result<(), kp_netfilter::Error> {
+        panic!("the payload was built whole");
+    }
+    fn restore_with(
+        &self,
+        payload: &mut kp_netfilter::PayloadWriter<'_>,
+    ) -> Result<(), kp_netfilter::Error> {
+        struct Counting(Vec<u8>, usize);
+        impl std::io::Write for Counting {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.extend_from_slice(b);
+                self.1 += 1;
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut w = Counting(Vec::new(), 0);
+        payload(&mut w).unwrap();
+        self.writes.lock().unwrap().push(w.1);
+        self.fake.restore(&w.0)
+    }
+    fn save(&self, table: Option<Table>) -> Result<String, kp_netfilter::Error> {
+        self.fake.save(table)
+    }
+    fn version(&self) -> Result<kp_netfilter::IptablesVersion, kp_netfilter::Error> {
+        self.fake.version()
+    }
+    fn chain_exists(&self, table: Table, chain: &str) -> Result<bool, kp_netfilter::Error> {
+        self.fake.chain_exists(table, chain)
+    }
+}
+
+/// 300 Service ports (one in three with a NodePort): the portal rules go into
+/// iptables-restore's stdin as they are rendered, and are the rules `render` gives whole;
+/// the rules are kept as a digest, so an unchanged snapshot writes nothing and a changed
+/// one writes again.
+#[test]
+fn portal_rules_are_streamed_and_only_a_digest_is_kept() {
+    let snap = many_services(300);
+    let mut p = UserspaceProxier::new(
+        IpFamily::V4,
+        UserspaceConfig::default(),
+        Streaming {
+            fake: FakeIptables::new(IpVersion::V4),
+            writes: std::sync::Mutex::new(Vec::new()),
+        },
+        FakeRelay::new(36000),
+        Arc::new(FakeHost::with_addresses(vec![ip("192.168.56.10")])),
+    );
+    let report = p.sync(&snap, &Changes::default()).unwrap();
+    let payload = String::from_utf8(p.runner().fake.last_payload().unwrap()).unwrap();
+    let npa = NodePortAddresses::default();
+    let local = [ip("192.168.56.10")];
+    let node = NodeView {
+        node_ip: Some(ip("192.168.56.10")),
+        nodeport_addresses: &npa,
+        local_addrs: &local,
+        local: None,
+    };
+    let whole = render::render(&snap, p.portals(), &node);
+    assert!(whole.nat.len() > 50_000, "{}", whole.nat.len());
+    assert!(payload.contains(&format!("{}COMMIT\n", whole.nat)));
+    assert!(payload.contains(&format!("{}COMMIT\n*nat", whole.filter)));
+    assert_eq!(report.payload_bytes, payload.len());
+    assert_eq!(
+        (report.filter_rules, report.nat_rules),
+        (whole.filter.lines().count(), whole.nat.lines().count())
+    );
+    let writes = p.runner().writes.lock().unwrap().clone();
+    assert!(writes[0] > 1000, "written in {writes:?} pieces");
+    // Nothing changed: nothing written.
+    p.sync(&snap, &Changes::default()).unwrap();
+    assert_eq!(p.runner().writes.lock().unwrap().len(), 1);
+    // One Service fewer: written again (the digest differs).
+    p.sync(&many_services(299), &Changes::default()).unwrap();
+    assert_eq!(p.runner().writes.lock().unwrap().len(), 2);
+}
+
+/// `n` Service ports (one in three with a NodePort), one endpoint each.
+fn many_services(n: u32) -> Snapshot {
+    let mut services = Vec::new();
+    let mut slices = Vec::new();
+    for i in 0..n {
+        let name = format!("ns/svc-{i}");
+        let mut svc = ServiceBuilder::new(&name, &format!("10.96.{}.{}", i / 250, 1 + i % 250))
+            .tcp("http", 80);
+        if i % 3 == 0 {
+            svc = svc.node_port(30000 + i as u16);
+        }
+        services.push(svc.build());
+        slices.push(
+            SliceBuilder::new(&name)
+                .port("http", 8080)
+                .ready(&format!("10.1.{}.{}", i / 250, 1 + i % 250), "node-b")
+                .build(),
+        );
+    }
+    snapshot(IpFamily::V4, "node-a", services, slices)
 }

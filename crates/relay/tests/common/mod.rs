@@ -41,7 +41,7 @@ pub fn spec(
         name: name.to_owned(),
         protocol,
         affinity,
-        endpoints: endpoints.to_vec(),
+        endpoints: endpoints.into(),
     }
 }
 

@@ -116,10 +116,15 @@ fn shared_claims_follow_the_first_service() {
     };
     let both = snap(vec![ext("a", "10.96.0.1"), ext("b", "10.96.0.2")]);
     let mut state = full(&both);
-    let key = (Container::ServiceIps, "203.0.113.9 . tcp . 80".to_string());
+    let key: ElemKey = (Container::ServiceIps, Text::from("203.0.113.9 . tcp . 80"));
     assert_eq!(state.elements[&key].len(), 2, "both Services claim it");
     assert!(
-        state.elements[&key][0].1.0.contains("default/a/"),
+        state.elements[&key][0]
+            .data
+            .value
+            .verdict()
+            .to_string()
+            .contains("default/a/"),
         "a sorts first"
     );
     // `a` goes away: the element now points at b's chain.
@@ -222,4 +227,28 @@ fn a_full_sync_keeps_matching_objects_and_replaces_the_rest() {
         ),
         (1, 1, 1)
     );
+}
+
+#[test]
+fn the_state_shares_its_texts_and_keeps_one_claim_per_unshared_element() {
+    let state = full(&snap(vec![web(&["10.0.2.1"])]));
+    let fp = &state.services[&NamespacedName::new("default", "web")];
+    assert_eq!(fp.elements.len(), 2, "cluster-ips and service-ips");
+    for key in fp.elements.iter() {
+        let (k, claims) = state.elements.get_key_value(key).unwrap();
+        // One allocation for the key, in the map and in the footprint.
+        assert!(Arc::ptr_eq(&k.1, &key.1), "{key:?}");
+        // One Service claims it: no room for more.
+        assert_eq!((claims.len(), claims.capacity()), (1, 1));
+    }
+    // The `goto` of service-ips is the Service's chain name, not a copy.
+    let goto = state
+        .elements
+        .values()
+        .find_map(|c| match &c[0].data.value {
+            Value::Goto(t) => Some(t.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(fp.chains.iter().any(|c| Arc::ptr_eq(c, &goto)), "{goto}");
 }

@@ -76,8 +76,13 @@ fn seed_payload() {
 /// session affinity; a terminating endpoint that is not used; a Service without endpoints
 /// and one whose internalTrafficPolicy is Local without local endpoints.
 fn every_feature() -> Snapshot {
-    snap(
-        IpFamily::V4,
+    let (services, slices) = every_feature_objects();
+    snap(IpFamily::V4, services, slices)
+}
+
+/// The objects of [`every_feature`].
+fn every_feature_objects() -> (Vec<Service>, Vec<EndpointSlice>) {
+    (
         vec![
             ServiceBuilder::new("shop/web", "10.96.0.10")
                 .tcp("http", 80)
@@ -230,7 +235,147 @@ fn partial_render_covers_only_the_named_services() {
         itp.elements
             .iter()
             .any(|e| e.container == Container::NoEndpointServices
-                && e.value == "drop"
+                && e.value == Verdict::Drop
                 && e.key == "10.96.0.12 . tcp . 80")
+    );
+}
+
+/// Records what a full sync writes: every write's bytes, how many writes, and optionally an
+/// error once `fail_after` bytes were taken (a reader that went away).
+#[derive(Default)]
+struct Pieces {
+    bytes: Vec<u8>,
+    writes: usize,
+    fail_after: Option<usize>,
+}
+
+impl std::io::Write for Pieces {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.fail_after.is_some_and(|n| self.bytes.len() >= n) {
+            return Err(std::io::ErrorKind::BrokenPipe.into());
+        }
+        self.writes += 1;
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `every_feature()` plus 1,200 plain Services (more elements than one `add element` command
+/// holds), and a table holding stale and foreign objects.
+fn many() -> (Snapshot, TableObjects) {
+    let (mut services, mut slices) = every_feature_objects();
+    for i in 0..1200u32 {
+        let name = format!("ns-{}/svc-{i}", i % 7);
+        let ip = std::net::Ipv4Addr::from(u32::from(std::net::Ipv4Addr::new(10, 97, 0, 1)) + i);
+        let mut svc = ServiceBuilder::new(&name, &ip.to_string()).tcp("http", 80);
+        if i % 10 == 0 {
+            svc = svc.node_port(30100 + i as u16 / 10).udp("dns", 53);
+        }
+        services.push(svc.build());
+        let mut slice =
+            SliceBuilder::new(&name)
+                .port("http", 8080)
+                .port_proto("dns", Protocol::Udp, 5353);
+        for j in 0..(i % 4) {
+            let ep = std::net::Ipv4Addr::from(
+                u32::from(std::net::Ipv4Addr::new(10, 1, 0, 1)) + i * 4 + j,
+            );
+            slice = slice.ready(&ep.to_string(), if j == 0 { NODE } else { "node-b" });
+        }
+        slices.push(slice.build());
+    }
+    let s = snap(IpFamily::V4, services, slices);
+    let mut kernel = TableObjects {
+        exists: true,
+        ..TableObjects::default()
+    };
+    kernel
+        .chains
+        .insert("service-OLD-default/gone/tcp/".into(), None);
+    kernel.chains.insert("foreign".into(), None);
+    kernel.sets.insert(
+        "affinity-OLD-default/gone/tcp/__10.0.0.1/80".into(),
+        kp_netfilter::SetInfo::default(),
+    );
+    (s, kernel)
+}
+
+#[test]
+fn a_streamed_full_sync_writes_the_bytes_of_the_one_buffer_payload() {
+    use crate::nftables::reconcile::{plan_full, write_full};
+    let (s, kernel) = many();
+    let cfg = RenderConfig {
+        local: Some(LocalMatch::Interface("veth+".to_string())),
+        nodeport_ips: Some(vec!["192.168.56.10".parse().unwrap()]),
+        ..RenderConfig::default()
+    };
+    // The one buffer: every Service rendered and held, then the payload built whole.
+    let (whole, whole_state, whole_stats) =
+        full_payload(IpFamily::V4, &cfg, &render(&s, &cfg, None), &kernel);
+    // Streamed: one Service rendered at a time, twice, written piece by piece.
+    let services = Rendering {
+        snap: &s,
+        cfg: &cfg,
+    };
+    let state = plan_full(IpFamily::V4, &cfg, &services);
+    let mut out = Pieces::default();
+    let stats = write_full(IpFamily::V4, &cfg, &services, &kernel, &state, &mut out).unwrap();
+    assert!(whole.len() > 200_000, "{}", whole.len());
+    assert_eq!(String::from_utf8(out.bytes).unwrap(), whole);
+    assert!(out.writes > 10_000, "written in {} pieces", out.writes);
+    assert_eq!(state, whole_state);
+    assert_eq!(stats, whole_stats);
+    assert_eq!(stats.bytes, whole.len());
+    assert!(whole.contains("delete chain ip kube-proxy service-OLD-default/gone/tcp/\n"));
+    assert!(stats.elements_added > 1000, "{stats:?}");
+}
+
+#[test]
+fn a_streamed_full_sync_stops_at_the_first_write_error() {
+    use crate::nftables::reconcile::{plan_full, write_full};
+    let (s, kernel) = many();
+    let cfg = RenderConfig::default();
+    let services = Rendering {
+        snap: &s,
+        cfg: &cfg,
+    };
+    let state = plan_full(IpFamily::V4, &cfg, &services);
+    let mut out = Pieces {
+        fail_after: Some(4096),
+        ..Pieces::default()
+    };
+    let e = write_full(IpFamily::V4, &cfg, &services, &kernel, &state, &mut out).unwrap_err();
+    assert_eq!(e.kind(), std::io::ErrorKind::BrokenPipe);
+    // Nothing after the error: the writer was not called again.
+    let writes = out.writes;
+    assert!(out.bytes.len() < 4096 + 1024, "{}", out.bytes.len());
+    assert!(writes > 0);
+}
+
+#[test]
+fn rendering_one_service_at_a_time_gives_the_render_of_all() {
+    let (s, _) = many();
+    let cfg = RenderConfig::default();
+    let whole = render(&s, &cfg, None);
+    let mut seen = Vec::new();
+    Rendering {
+        snap: &s,
+        cfg: &cfg,
+    }
+    .each(&mut |name, objs| {
+        assert_eq!(&whole.services[name], objs, "{name}");
+        seen.push(name.clone());
+    });
+    let names: Vec<NamespacedName> = whole.services.keys().cloned().collect();
+    assert_eq!(seen, names);
+    // Services with two ports are one visit with both ports' objects.
+    assert!(
+        whole.services[&NamespacedName::new("ns-3", "svc-10")]
+            .chains
+            .iter()
+            .any(|c| c.name.contains("/udp/dns"))
     );
 }

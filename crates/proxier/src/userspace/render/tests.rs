@@ -70,7 +70,7 @@ fn external_policy_local_gets_its_own_listener() {
     let (ls, _) = listeners(&snap);
     assert_eq!(ls.len(), 2, "{ls:?}");
     assert!(ls[0].scope == Scope::Internal && ls[0].endpoints.len() == 2);
-    assert!(ls[1].scope == Scope::External && ls[1].endpoints == [ip_port("10.0.1.4:8080")]);
+    assert!(ls[1].scope == Scope::External && *ls[1].endpoints == [ip_port("10.0.1.4:8080")]);
     let npa = NodePortAddresses::parse(&["192.168.56.0/24"]).unwrap();
     let local = [ip("127.0.0.1"), ip("192.168.56.10"), ip("10.0.1.1")];
     let node = NodeView {
