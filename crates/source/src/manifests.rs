@@ -11,7 +11,11 @@
 //!
 //! - `kind: List` (and `ServiceList`, `EndpointSliceList`, `NodeList`, as `kubectl get -o yaml`
 //!   and the API print them) is unpacked: each entry of `items` is handled as an object (items
-//!   of a typed list that lack `kind`/`apiVersion` get the list's).
+//!   of a typed list that lack `kind`/`apiVersion` get the list's). The entries are handled
+//!   while the List is parsed, one at a time, and each entry's [`serde_json::Value`] is dropped
+//!   before the next is read, so a List of 10,000 Services is never one tree in memory; what
+//!   they added stands only if the whole document parses and is a list (see `document.rs`),
+//!   so errors, lines and duplicates are those of a List read whole.
 //! - `v1` `Service`, `discovery.k8s.io/v1` `EndpointSlice` and `v1` `Node` are deserialized into
 //!   k8s-openapi types (with [`serde_path_to_error`], so a type error names its field path) and
 //!   converted by [`crate::convert`]. These kinds with another `apiVersion` are skipped with a
@@ -45,13 +49,14 @@ use std::path::{Path, PathBuf};
 use kp_model::{
     EndpointSlice, Escaped, NamespacedName, Node, ObjectKind, Service, SourceEvent, escape,
 };
-use serde::de::{self, DeserializeOwned, IntoDeserializer};
-use serde::{Deserialize, Deserializer};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tracing::{debug, warn};
 
 use crate::SourceError;
 use crate::convert::{self, ConvertWarning, Converted};
+
+mod document;
 
 /// One problem found while loading manifests. The object it concerns (if any) was skipped (a
 /// watcher may keep its last valid version instead; see [`crate::last_good`]).
@@ -256,6 +261,15 @@ impl ManifestSet {
         }
     }
 
+    /// Removes the object `key`.
+    fn remove(&mut self, key: &ObjectKey) {
+        match key {
+            ObjectKey::Service(name) => drop(self.services.remove(name)),
+            ObjectKey::EndpointSlice(name) => drop(self.slices.remove(name)),
+            ObjectKey::Node(name) => drop(self.nodes.remove(name)),
+        }
+    }
+
     /// Copies the object `key` from `other` into `self`, replacing any version `self` had.
     /// Returns whether `other` had it.
     pub fn copy_from(&mut self, other: &ManifestSet, key: &ObjectKey) -> bool {
@@ -364,6 +378,89 @@ pub struct FileLoad {
 struct Origin {
     file: PathBuf,
     line: usize,
+    /// The serial number of the document that defined it ([`ManifestLoader::documents`]).
+    document: u64,
+}
+
+/// What the loader did since the document being added started, so that it can be undone
+/// when the document does not load after all ([`ManifestLoader::begin_document`]).
+#[derive(Debug)]
+struct Pending {
+    /// The document's file.
+    file: PathBuf,
+    /// How many errors and warnings there were before it.
+    errors: usize,
+    warnings: usize,
+    /// How many objects it added (each has an [`Origin`] with the document's serial number).
+    accepted: usize,
+    /// What would have been logged about its skipped objects; logged when it stands.
+    skipped: Vec<Skipped>,
+}
+
+/// A line about an object that is skipped without an error (logged, not reported).
+#[derive(Debug)]
+enum Skipped {
+    /// A kind a service proxy does not use (debug).
+    Kind {
+        file: PathBuf,
+        line: usize,
+        kind: String,
+        api_version: String,
+    },
+    /// A Service, EndpointSlice or Node of another `apiVersion` (warning).
+    Version {
+        file: PathBuf,
+        line: usize,
+        object: String,
+        kind: String,
+        api_version: String,
+        expected: &'static str,
+    },
+    /// An object the proxy ignores, and why (debug).
+    Ignored {
+        file: PathBuf,
+        line: usize,
+        object: String,
+        why: String,
+    },
+}
+
+impl Skipped {
+    fn log(&self) {
+        match self {
+            Skipped::Kind {
+                file,
+                line,
+                kind,
+                api_version,
+            } => debug!(
+                file = %escape(&file.display().to_string()), line,
+                kind = %Escaped(kind), api_version = %Escaped(api_version),
+                "ignoring manifest object of a kind a service proxy does not use"
+            ),
+            Skipped::Version {
+                file,
+                line,
+                object,
+                kind,
+                api_version,
+                expected,
+            } => warn!(
+                file = %escape(&file.display().to_string()), line,
+                object = %Escaped(object), api_version = %Escaped(api_version),
+                "ignoring {kind}: apiVersion is not {expected}"
+            ),
+            Skipped::Ignored {
+                file,
+                line,
+                object,
+                why,
+            } => debug!(
+                file = %escape(&file.display().to_string()), line,
+                object = %Escaped(object), "ignoring object: {why}"
+            ),
+        }
+    }
 }
 
 /// Accumulates objects across files and texts, detecting duplicates across all of them.
@@ -376,6 +473,10 @@ pub struct ManifestLoader {
     files: BTreeMap<PathBuf, FileLoad>,
     unreadable: Vec<(PathBuf, usize)>,
     directories: Vec<PathBuf>,
+    /// How many documents were started; the last one's serial number.
+    documents: u64,
+    /// The document being added, while its List items are handed over as they are parsed.
+    pending: Option<Pending>,
 }
 
 /// One YAML document of a file.
@@ -647,39 +748,142 @@ impl ManifestLoader {
         }
     }
 
+    /// Parses one document and adds what it defines. The entries of a List's `items` are added
+    /// while the document is parsed, one at a time (see [`document`]); they stand only if the
+    /// whole document parses and is a list, so the outcome is that of parsing the document
+    /// whole first.
     fn add_document(&mut self, file: &Path, doc: &Document<'_>) {
         let at = At {
             file,
             line: doc.start_line,
             label: format!("document {}", doc.number),
         };
+        self.begin_document(file);
+        let parsed = self.parse_document(&at, doc, None);
+        let parsed = match parsed {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                self.end_document(false);
+                return self.yaml_error(&at, doc, &e);
+            }
+        };
+        match (parsed.items, document::list_header(&parsed.value)) {
+            (document::Items::Streamed, Some(_)) => self.end_document(true),
+            (document::Items::Restart, Some(header)) => {
+                // Its items needed the list's kind or apiVersion, which came after them.
+                match self.parse_document(&at, doc, Some(header)) {
+                    Ok(_) => self.end_document(true),
+                    // Not expected: the same text parsed a moment ago.
+                    Err(e) => {
+                        self.end_document(false);
+                        self.yaml_error(&at, doc, &e);
+                    }
+                }
+            }
+            _ => {
+                // Not a list after all: whatever its items added goes.
+                self.end_document(false);
+                self.add_value(&at, parsed.value, None);
+            }
+        }
+    }
+
+    /// Parses `doc`, handing its list items to [`ManifestLoader::add_value`] as they are read.
+    fn parse_document(
+        &mut self,
+        at: &At<'_>,
+        doc: &Document<'_>,
+        known: Option<document::ListHeader>,
+    ) -> Result<document::ParsedDocument, serde_saphyr::Error> {
         let mut options = serde_saphyr::Options::default();
         options.with_snippet = false;
         options.budget = Some(budget_for(doc.text.len()));
-        match serde_saphyr::from_str_with_options::<ParsedDocument>(doc.text, options) {
-            Ok(parsed) => {
-                // The parser's lines are relative to the document's text.
-                let item_lines: Vec<usize> = parsed
-                    .item_lines
-                    .iter()
-                    .map(|&l| match usize::try_from(l) {
-                        Ok(l) if l > 0 => l - 1 + doc.first_line,
-                        _ => doc.start_line,
-                    })
-                    .collect();
-                self.add_value(&at, parsed.value, None, &item_lines);
+        let target = document::Target {
+            loader: self,
+            at,
+            first_line: doc.first_line,
+            known,
+        };
+        document::parse(doc.text, options, target)
+    }
+
+    /// A document that is not YAML: one error, and its file is not understood whole.
+    fn yaml_error(&mut self, at: &At<'_>, doc: &Document<'_>, e: &serde_saphyr::Error) {
+        let message = yaml_error_message(e, doc.first_line);
+        self.errors.push(ManifestError::new(
+            at.file,
+            Some(doc.start_line),
+            Some(at.label.clone()),
+            None,
+            format!("cannot parse YAML: {message}"),
+        ));
+        self.mark_incomplete(at.file);
+    }
+
+    /// Starts a document: from here on, what the loader does can be undone
+    /// ([`ManifestLoader::undo_document`]) until [`ManifestLoader::end_document`].
+    fn begin_document(&mut self, file: &Path) {
+        self.documents += 1;
+        self.pending = Some(Pending {
+            file: file.to_path_buf(),
+            errors: self.errors.len(),
+            warnings: self.warnings.len(),
+            accepted: 0,
+            skipped: Vec::new(),
+        });
+    }
+
+    /// Undoes what the loader did since the document started: the objects it added, its
+    /// errors and warnings, and what they said about its file. The document stays started.
+    fn undo_document(&mut self) {
+        let Some(pending) = self.pending.as_mut() else {
+            return;
+        };
+        self.errors.truncate(pending.errors);
+        self.warnings.truncate(pending.warnings);
+        pending.skipped.clear();
+        if let Some(load) = self.files.get_mut(&pending.file) {
+            load.rejected
+                .retain(|&(_, position)| position < pending.errors);
+            if load.incomplete.is_some_and(|p| p >= pending.errors) {
+                load.incomplete = None;
             }
-            Err(e) => {
-                let message = yaml_error_message(&e, doc.first_line);
-                self.errors.push(ManifestError::new(
-                    file,
-                    Some(doc.start_line),
-                    Some(at.label),
-                    None,
-                    format!("cannot parse YAML: {message}"),
-                ));
-                self.mark_incomplete(file);
+        }
+        if pending.accepted > 0 {
+            let document = self.documents;
+            let (set, files) = (&mut self.set, &mut self.files);
+            self.origins.retain(|key, origin| {
+                if origin.document != document {
+                    return true;
+                }
+                set.remove(key);
+                if let Some(load) = files.get_mut(&origin.file) {
+                    load.objects.remove(key);
+                }
+                false
+            });
+            pending.accepted = 0;
+        }
+    }
+
+    /// Ends the document: what it added stands (`keep`; what was skipped is logged now) or is
+    /// undone.
+    fn end_document(&mut self, keep: bool) {
+        if !keep {
+            self.undo_document();
+        }
+        if let Some(pending) = self.pending.take() {
+            for skipped in &pending.skipped {
+                skipped.log();
             }
+        }
+    }
+
+    /// Logs `skipped` now, or when the document being added stands.
+    fn skipped(&mut self, skipped: Skipped) {
+        match &mut self.pending {
+            Some(pending) => pending.skipped.push(skipped),
+            None => skipped.log(),
         }
     }
 
@@ -701,14 +905,9 @@ impl ManifestLoader {
 
     /// Handles one parsed value: an object or a list of objects. `list` is the item kind and
     /// `apiVersion` of the enclosing typed list (`ServiceList`), whose items may omit
-    /// `kind`/`apiVersion`. `item_lines` are the file lines of the value's `items`, when known.
-    fn add_value(
-        &mut self,
-        at: &At<'_>,
-        mut value: Value,
-        list: Option<(&str, &str)>,
-        item_lines: &[usize],
-    ) {
+    /// `kind`/`apiVersion`. The items of a list value (a List inside a List) are located at
+    /// the value's own line.
+    fn add_value(&mut self, at: &At<'_>, mut value: Value, list: Option<(&str, &str)>) {
         let Value::Object(map) = &mut value else {
             let found = value_type(&value);
             return self.unidentified(
@@ -736,14 +935,7 @@ impl ManifestLoader {
             return self.unidentified(at, Some("apiVersion"), format!("missing in a {kind}"));
         };
 
-        let item_kind = match kind.as_str() {
-            "List" => Some(""),
-            "ServiceList" => Some("Service"),
-            "EndpointSliceList" => Some("EndpointSlice"),
-            "NodeList" => Some("Node"),
-            _ => None,
-        };
-        if let Some(item_kind) = item_kind {
+        if let Some(item_kind) = list_item_kind(&kind) {
             let items = match map.remove("items") {
                 None | Some(Value::Null) => Vec::new(),
                 Some(Value::Array(items)) => items,
@@ -759,11 +951,11 @@ impl ManifestLoader {
             for (i, item) in items.into_iter().enumerate() {
                 let item_at = At {
                     file: at.file,
-                    line: item_lines.get(i).copied().unwrap_or(at.line),
+                    line: at.line,
                     label: format!("{} items[{i}]", at.label),
                 };
                 let typed = (!item_kind.is_empty()).then_some((item_kind, api_version.as_str()));
-                self.add_value(&item_at, item, typed, &[]);
+                self.add_value(&item_at, item, typed);
             }
             return;
         }
@@ -772,22 +964,27 @@ impl ManifestLoader {
             "Service" | "Node" => "v1",
             "EndpointSlice" => "discovery.k8s.io/v1",
             _ => {
-                debug!(
-                    file = %escape(&at.file.display().to_string()), line = at.line,
-                    kind = %Escaped(&kind), api_version = %Escaped(&api_version),
-                    "ignoring manifest object of a kind a service proxy does not use"
-                );
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    self.skipped(Skipped::Kind {
+                        file: at.file.to_path_buf(),
+                        line: at.line,
+                        kind,
+                        api_version,
+                    });
+                }
                 return;
             }
         };
         let object = object_label(&kind, map);
         if api_version != expected_version {
-            warn!(
-                file = %escape(&at.file.display().to_string()), line = at.line,
-                object = %Escaped(&object), api_version = %Escaped(&api_version),
-                "ignoring {kind}: apiVersion is not {expected_version}"
-            );
-            return;
+            return self.skipped(Skipped::Version {
+                file: at.file.to_path_buf(),
+                line: at.line,
+                object,
+                kind,
+                api_version,
+                expected: expected_version,
+            });
         }
         let key = object_key(&kind, map);
 
@@ -810,7 +1007,7 @@ impl ManifestLoader {
                             set.services.insert(svc.name.clone(), svc);
                         });
                     }
-                    Ok(Converted::Ignored(why)) => ignored(&at, &why),
+                    Ok(Converted::Ignored(why)) => self.ignored(&at, why),
                     Err(e) => self.convert_error(&at, e, key),
                 }
             }
@@ -828,7 +1025,7 @@ impl ManifestLoader {
                             set.slices.insert(slice.name.clone(), slice);
                         });
                     }
-                    Ok(Converted::Ignored(why)) => ignored(&at, &why),
+                    Ok(Converted::Ignored(why)) => self.ignored(&at, why),
                     Err(e) => self.convert_error(&at, e, key),
                 }
             }
@@ -895,6 +1092,18 @@ impl ManifestLoader {
         }
     }
 
+    /// An object the proxy ignores (headless, another proxy's): a debug line.
+    fn ignored(&mut self, at: &At<'_>, why: String) {
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            self.skipped(Skipped::Ignored {
+                file: at.file.to_path_buf(),
+                line: at.line,
+                object: at.label.clone(),
+                why,
+            });
+        }
+    }
+
     fn convert_error(&mut self, at: &At<'_>, e: SourceError, key: Option<ObjectKey>) {
         match e {
             SourceError::Invalid { field, message } => self.doc_error(at, Some(&field), message),
@@ -920,7 +1129,11 @@ impl ManifestLoader {
                 slot.insert(Origin {
                     file: at.file.to_path_buf(),
                     line: at.line,
+                    document: self.documents,
                 });
+                if let Some(pending) = &mut self.pending {
+                    pending.accepted += 1;
+                }
                 true
             }
         }
@@ -961,213 +1174,16 @@ fn object_key(kind: &str, map: &serde_json::Map<String, Value>) -> Option<Object
     }
 }
 
-/// A document parsed into a [`Value`], plus the line (relative to the document, 1-based) of
-/// each entry of a top-level `items` list, so that errors in a List's items point at the item.
-struct ParsedDocument {
-    value: Value,
-    item_lines: Vec<u64>,
-}
-
-impl<'de> Deserialize<'de> for ParsedDocument {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(DocumentVisitor)
+/// The item kind of a list kind the loader unpacks (`""` for `List`, whose items carry
+/// their own); `None` for every other kind.
+fn list_item_kind(kind: &str) -> Option<&'static str> {
+    match kind {
+        "List" => Some(""),
+        "ServiceList" => Some("Service"),
+        "EndpointSliceList" => Some("EndpointSlice"),
+        "NodeList" => Some("Node"),
+        _ => None,
     }
-}
-
-/// Builds a [`ParsedDocument`]: a top-level mapping is read key by key (to catch the lines of
-/// `items`); anything else is handed to [`Value`]'s own deserializer.
-struct DocumentVisitor;
-
-impl DocumentVisitor {
-    fn plain<E: de::Error>(value: Result<Value, E>) -> Result<ParsedDocument, E> {
-        value.map(|value| ParsedDocument {
-            value,
-            item_lines: Vec::new(),
-        })
-    }
-}
-
-impl<'de> de::Visitor<'de> for DocumentVisitor {
-    type Value = ParsedDocument;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a YAML document")
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_i128<E: de::Error>(self, v: i128) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_u128<E: de::Error>(self, v: u128) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<ParsedDocument, E> {
-        Self::plain(Ok(Value::String(v.to_string())))
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<ParsedDocument, E> {
-        Self::plain(Ok(Value::String(v)))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<ParsedDocument, E> {
-        Self::plain(Ok(Value::Null))
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<ParsedDocument, E> {
-        Self::plain(Ok(Value::Null))
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<ParsedDocument, D::Error> {
-        Self::plain(Value::deserialize(d))
-    }
-
-    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<ParsedDocument, D::Error> {
-        Self::plain(Value::deserialize(d))
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<ParsedDocument, A::Error> {
-        Self::plain(Value::deserialize(de::value::SeqAccessDeserializer::new(
-            seq,
-        )))
-    }
-
-    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<ParsedDocument, A::Error> {
-        let mut object = serde_json::Map::new();
-        let mut item_lines = Vec::new();
-        while let Some(key) = map.next_key::<String>()? {
-            let value = if key == "items" {
-                match map.next_value::<Items>()? {
-                    Items::List(items) => {
-                        item_lines = items.iter().map(|i| i.referenced.line()).collect();
-                        Value::Array(items.into_iter().map(|i| i.value).collect())
-                    }
-                    Items::Other(value) => value,
-                }
-            } else {
-                map.next_value::<Value>()?
-            };
-            object.insert(key, value);
-        }
-        Ok(ParsedDocument {
-            value: Value::Object(object),
-            item_lines,
-        })
-    }
-}
-
-/// The value of a top-level `items` key: a list whose entries keep their location, or any
-/// other value (an error reported later, with the document's other problems).
-enum Items {
-    List(Vec<serde_saphyr::Spanned<Value>>),
-    Other(Value),
-}
-
-impl<'de> Deserialize<'de> for Items {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(ItemsVisitor)
-    }
-}
-
-struct ItemsVisitor;
-
-impl ItemsVisitor {
-    fn other<E: de::Error>(value: Result<Value, E>) -> Result<Items, E> {
-        value.map(Items::Other)
-    }
-}
-
-impl<'de> de::Visitor<'de> for ItemsVisitor {
-    type Value = Items;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a list of objects")
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_i128<E: de::Error>(self, v: i128) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Items, E> {
-        Self::other(Ok(Value::String(v.to_string())))
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Items, E> {
-        Self::other(Ok(Value::String(v)))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Items, E> {
-        Self::other(Ok(Value::Null))
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Items, E> {
-        Self::other(Ok(Value::Null))
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Items, D::Error> {
-        Items::deserialize(d)
-    }
-
-    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<Items, D::Error> {
-        Items::deserialize(d)
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Items, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(item) = seq.next_element::<serde_saphyr::Spanned<Value>>()? {
-            items.push(item);
-        }
-        Ok(Items::List(items))
-    }
-
-    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Items, A::Error> {
-        Self::other(Value::deserialize(de::value::MapAccessDeserializer::new(
-            map,
-        )))
-    }
-}
-
-fn ignored(at: &At<'_>, why: &str) {
-    debug!(
-        file = %escape(&at.file.display().to_string()), line = at.line,
-        object = %Escaped(&at.label), "ignoring object: {why}"
-    );
 }
 
 /// `Service default/nginx-svc`, `Node k8s-master`, read from the untyped value so that errors
@@ -1319,25 +1335,23 @@ enum Described {
     Unknown,
 }
 
-/// Reads a document only to say what is being skipped; nothing of it is loaded.
+/// Reads a document only to say what is being skipped; nothing of it is loaded, or kept
+/// (a List's items are counted, not held).
 fn describe_document(text: &str) -> Described {
     let mut options = serde_saphyr::Options::default();
     options.with_snippet = false;
     options.budget = Some(budget_for(text.len()));
-    let Ok(parsed) = serde_saphyr::from_str_with_options::<ParsedDocument>(text, options) else {
+    let Ok(outline) = document::outline(text, options) else {
         return Described::Unknown;
     };
-    let Value::Object(map) = &parsed.value else {
-        return Described::Unknown;
-    };
-    match map.get("kind").and_then(Value::as_str) {
-        Some("List" | "ServiceList" | "EndpointSliceList" | "NodeList") => Described::List(
-            map.get("items")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len),
-        ),
+    match outline.kind.as_ref().and_then(Value::as_str) {
+        Some(kind) if list_item_kind(kind).is_some() => Described::List(outline.items.unwrap_or(0)),
         Some(kind @ ("Service" | "EndpointSlice" | "Node")) => {
-            Described::Object(object_label(kind, map))
+            let mut map = serde_json::Map::new();
+            if let Some(metadata) = outline.metadata {
+                map.insert("metadata".to_string(), metadata);
+            }
+            Described::Object(object_label(kind, &map))
         }
         _ => Described::Unknown,
     }
