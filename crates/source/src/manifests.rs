@@ -335,6 +335,60 @@ pub fn parse_text(file: &Path, text: &str) -> (ManifestSet, Vec<ManifestError>) 
     loader.finish()
 }
 
+/// What a load of a path reads, without parsing it: the files [`load_path`] reads there, in
+/// order, each with the SHA-256 of its content (or why it could not be read), the directories
+/// it lists, and the errors of listing them. The loader reads nothing else, so two equal
+/// fingerprints mean two loads find the same; the watcher's periodic re-read uses this to skip
+/// the parse when nothing changed ([`crate::watch`]). Files are hashed in pieces, never held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    files: Vec<(PathBuf, Result<[u8; 32], String>)>,
+    directories: Vec<PathBuf>,
+    errors: Vec<ManifestError>,
+}
+
+impl Fingerprint {
+    /// The fingerprint of `path` (a file or a directory, as [`load_path`] takes it).
+    pub fn of(path: &Path) -> Fingerprint {
+        let mut loader = ManifestLoader::new();
+        let files = loader
+            .list_path(path)
+            .into_iter()
+            .map(|file| {
+                let digest = file_digest(&file).map_err(|e| e.to_string());
+                (file, digest)
+            })
+            .collect();
+        Fingerprint {
+            files,
+            directories: loader.directories,
+            errors: loader.errors,
+        }
+    }
+
+    /// The directories a load lists (as [`Loaded::directories`]).
+    pub fn directories(&self) -> &[PathBuf] {
+        &self.directories
+    }
+}
+
+/// The SHA-256 of a file's content, read in pieces.
+fn file_digest(file: &Path) -> std::io::Result<[u8; 32]> {
+    use sha2::Digest as _;
+    use std::io::Read as _;
+    let mut input = std::fs::File::open(file)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        match input.read(&mut buf) {
+            Ok(0) => return Ok(hasher.finalize().into()),
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Everything one load found: the objects, the errors, and file by file what was defined.
 ///
 /// Error positions (`usize`) are indexes into [`Loaded::errors`].
@@ -515,22 +569,29 @@ impl ManifestLoader {
     /// (so the visible links of a ConfigMap mount are read). A file named directly is read
     /// whatever its extension.
     pub fn add_path(&mut self, path: &Path) {
+        for file in self.list_path(path) {
+            self.add_file(&file);
+        }
+    }
+
+    /// The files [`ManifestLoader::add_path`] reads at `path`, in order; what cannot be
+    /// inspected or listed is recorded as it records it.
+    fn list_path(&mut self, path: &Path) -> Vec<PathBuf> {
         match std::fs::metadata(path) {
             Err(e) => {
                 self.file_error(path, format!("cannot read: {e}"));
                 self.unreadable
                     .push((path.to_path_buf(), self.errors.len().saturating_sub(1)));
+                Vec::new()
             }
             Ok(meta) if meta.is_dir() => {
                 let mut files = Vec::new();
                 let mut visited = HashSet::new();
                 self.collect_files(path, &mut files, &mut visited);
                 files.sort();
-                for file in files {
-                    self.add_file(&file);
-                }
+                files
             }
-            Ok(_) => self.add_file(path),
+            Ok(_) => vec![path.to_path_buf()],
         }
     }
 
