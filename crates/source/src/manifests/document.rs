@@ -78,10 +78,10 @@ pub(super) struct Target<'l, 'a> {
     pub(super) known: Option<ListHeader>,
 }
 
-/// Parses one document's text with `options`, handing a list's items to `target.loader` as
-/// they are read (see the module documentation).
-pub(super) fn parse(
-    text: &str,
+/// Parses one document's text (or reader) with `options`, handing a list's items to
+/// `target.loader` as they are read (see the module documentation).
+pub(super) fn parse<R: std::io::Read>(
+    input: Input<'_, R>,
     options: serde_saphyr::Options,
     target: Target<'_, '_>,
 ) -> Result<ParsedDocument, serde_saphyr::Error> {
@@ -89,9 +89,26 @@ pub(super) fn parse(
         target,
         restart: false,
     };
-    serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
-        DocumentSeed { state: &mut state }.deserialize(de)
-    })
+    match input {
+        Input::Text(text) => {
+            serde_saphyr::with_deserializer_from_str_with_options(text, options, |de| {
+                DocumentSeed { state: &mut state }.deserialize(de)
+            })
+        }
+        Input::Reader(reader) => {
+            serde_saphyr::with_deserializer_from_reader_with_options(reader, options, |de| {
+                DocumentSeed { state: &mut state }.deserialize(de)
+            })
+        }
+    }
+}
+
+/// A document's text as the parser gets it.
+pub(super) enum Input<'t, R> {
+    /// All of it (the parser is faster on text).
+    Text(&'t str),
+    /// A reader, parsed as it is read (the text is never held).
+    Reader(R),
 }
 
 /// The list header a parsed document's value names: a list kind and an `apiVersion`, both

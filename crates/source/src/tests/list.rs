@@ -307,3 +307,60 @@ kind: List
         )]
     );
 }
+
+/// Loads `bytes` as file `path`: from memory with the default limit above which documents
+/// are parsed as they are read (so these small ones are parsed from text), and from the file
+/// with every document parsed as it is read from the file.
+fn both_ways(path: &Path, bytes: &[u8]) -> (crate::manifests::Loaded, crate::manifests::Loaded) {
+    std::fs::write(path, bytes).expect("write");
+    let mut text = ManifestLoader::new();
+    text.add_bytes(path, bytes);
+    let mut streamed = ManifestLoader::new();
+    streamed.stream_documents_above(0);
+    streamed.add_path(path);
+    (text.finish_detailed(), streamed.finish_detailed())
+}
+
+/// A document parsed as it is read from its file (what a large `kind: List` is) loads exactly
+/// what it loads when parsed from text: the same objects, errors (the parser's messages and
+/// lines among them), warnings and per-file records, for good and broken documents alike.
+#[test]
+fn a_document_read_from_its_file_loads_as_one_read_from_text() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("t.yaml");
+    let service = "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec:\n  clusterIP: \
+        10.96.0.010\n  ports:\n  - port: 80\n";
+    let mut corpus: Vec<Vec<u8>> = vec![
+        document(&["apiVersion: v1\n", ITEMS, "kind: List\n"]).into_bytes(),
+        document(&["kind: List\n", ITEMS]).into_bytes(),
+        document(&[
+            "apiVersion: v1\n",
+            "items:\n- metadata: {name: a}\n  spec: {ports: [{port: 80}]}\n",
+            "kind: ServiceList\n",
+        ])
+        .into_bytes(),
+        format!("# c\n---\n{service}---\n# only a comment\n---\nkind: [unclosed\n  x: y\n...\n--- {{\"apiVersion\": \"v1\", \"kind\": \"Node\", \"metadata\": {{\"name\": \"n1\"}}}}\n").into_bytes(),
+        format!("\u{feff}{service}").into_bytes(),
+        format!("{service}\r\n---\r\napiVersion: v1\r\nkind: Node\r\nmetadata: {{name: n2}}\r\n")
+            .into_bytes(),
+        b"apiVersion: v1\nkind: Service\nmetadata: {name: a}\nspec:\n  ports:\n  - port: 80\n  ports: []\n".to_vec(),
+        b"a: b: c\n---\na: *nope\n---\na:\n\t- tab\n---\n\"unterminated\n".to_vec(),
+        format!("apiVersion: v1\n{ITEMS}kind: List\nmetadata: {{resourceVersion: [\n").into_bytes(),
+        b"just a string\n---\n- 1\n---\nmetadata: {}\n".to_vec(),
+    ];
+    // Bytes that are not UTF-8: in a List, in a comment between documents.
+    let mut bad = document(&["apiVersion: v1\n", ITEMS, "kind: List\n"]).into_bytes();
+    bad.splice(15..15, *b"# \xff\n");
+    bad.extend_from_slice(b"---\n# \xfe\n---\n");
+    bad.extend_from_slice(service.as_bytes());
+    corpus.push(bad);
+    for bytes in corpus {
+        let (text, streamed) = both_ways(&path, &bytes);
+        let shown = String::from_utf8_lossy(&bytes);
+        assert!(!text.errors.is_empty() || !text.set.is_empty(), "{shown}");
+        assert_eq!(streamed.set, text.set, "{shown}");
+        assert_eq!(streamed.errors, text.errors, "{shown}");
+        assert_eq!(streamed.warnings, text.warnings, "{shown}");
+        assert_eq!(streamed.files, text.files, "{shown}");
+    }
+}
