@@ -24,7 +24,7 @@ use std::sync::Mutex;
 use sha2::{Digest, Sha256};
 use tracing::warn;
 
-use crate::manifests::{Loaded, ManifestSet, ObjectKey, parse_text};
+use crate::manifests::{Loaded, ManifestSet, ObjectKey, load_path};
 
 /// The default state directory (`--state-dir`).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/kube-proxy-rs";
@@ -152,10 +152,9 @@ impl StateDir {
                 continue;
             }
             let copy = self.copy_path(&file);
-            let Ok(text) = std::fs::read_to_string(&copy) else {
-                continue;
-            };
-            let (saved, _) = parse_text(&file, &text);
+            // Read as any manifest is: a large copy is not held whole. A copy that is missing
+            // or cannot be read restores nothing.
+            let (saved, _) = load_path(&copy);
             let mut services = Vec::new();
             let mut count = 0;
             for key in keys(&saved) {
