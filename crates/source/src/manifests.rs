@@ -673,8 +673,10 @@ impl ManifestLoader {
     fn add_file(&mut self, path: &Path) {
         let limit = self.stream_above.0;
         let read = std::fs::File::open(path).and_then(|mut file| {
-            if usize::try_from(file.metadata()?.len()).is_ok_and(|len| len <= limit) {
-                let mut bytes = Vec::new();
+            let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+            if len <= limit {
+                // Sized as `std::fs::read` sizes it.
+                let mut bytes = Vec::with_capacity(len);
                 std::io::Read::read_to_end(&mut file, &mut bytes)?;
                 return Ok(Err(bytes));
             }
