@@ -3,7 +3,9 @@
 //!
 //! A file may hold many YAML documents. The text is split on document-marker lines (`---`,
 //! `--- ...`, `...`) and each document is parsed on its own, so a broken document costs only
-//! itself. That includes a document holding bytes that are not UTF-8 (even in a comment): it
+//! itself. A large file is not held whole: it is read once to find its documents, then again
+//! as each is parsed, and a document over [`STREAM_ABOVE`] bytes is parsed as it is read
+//! (`content.rs`). That includes a document holding bytes that are not UTF-8 (even in a comment): it
 //! is skipped whole, with an error naming its first line and the line of the first bad byte,
 //! and the file's other documents load ([`ManifestLoader::add_bytes`]); a `kind: List` is one
 //! document, so all of its items are skipped, and the error says so. A document is parsed
@@ -11,7 +13,11 @@
 //!
 //! - `kind: List` (and `ServiceList`, `EndpointSliceList`, `NodeList`, as `kubectl get -o yaml`
 //!   and the API print them) is unpacked: each entry of `items` is handled as an object (items
-//!   of a typed list that lack `kind`/`apiVersion` get the list's).
+//!   of a typed list that lack `kind`/`apiVersion` get the list's). The entries are handled
+//!   while the List is parsed, one at a time, and each entry's [`serde_json::Value`] is dropped
+//!   before the next is read, so a List of 10,000 Services is never one tree in memory; what
+//!   they added stands only if the whole document parses and is a list (see `document.rs`),
+//!   so errors, lines and duplicates are those of a List read whole.
 //! - `v1` `Service`, `discovery.k8s.io/v1` `EndpointSlice` and `v1` `Node` are deserialized into
 //!   k8s-openapi types (with [`serde_path_to_error`], so a type error names its field path) and
 //!   converted by [`crate::convert`]. These kinds with another `apiVersion` are skipped with a
@@ -45,13 +51,25 @@ use std::path::{Path, PathBuf};
 use kp_model::{
     EndpointSlice, Escaped, NamespacedName, Node, ObjectKind, Service, SourceEvent, escape,
 };
-use serde::de::{self, DeserializeOwned, IntoDeserializer};
-use serde::{Deserialize, Deserializer};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tracing::{debug, warn};
 
 use crate::SourceError;
 use crate::convert::{self, ConvertWarning, Converted};
+
+mod content;
+mod document;
+
+use content::{BadBytes, Checked, Content, Document};
+
+/// Why a document was not parsed.
+enum Unparsed {
+    /// It is not YAML (or exceeds the parser's limits).
+    Yaml(serde_saphyr::Error),
+    /// Its file could not be read again.
+    Read(String),
+}
 
 /// One problem found while loading manifests. The object it concerns (if any) was skipped (a
 /// watcher may keep its last valid version instead; see [`crate::last_good`]).
@@ -256,6 +274,15 @@ impl ManifestSet {
         }
     }
 
+    /// Removes the object `key`.
+    fn remove(&mut self, key: &ObjectKey) {
+        match key {
+            ObjectKey::Service(name) => drop(self.services.remove(name)),
+            ObjectKey::EndpointSlice(name) => drop(self.slices.remove(name)),
+            ObjectKey::Node(name) => drop(self.nodes.remove(name)),
+        }
+    }
+
     /// Copies the object `key` from `other` into `self`, replacing any version `self` had.
     /// Returns whether `other` had it.
     pub fn copy_from(&mut self, other: &ManifestSet, key: &ObjectKey) -> bool {
@@ -321,6 +348,60 @@ pub fn parse_text(file: &Path, text: &str) -> (ManifestSet, Vec<ManifestError>) 
     loader.finish()
 }
 
+/// What a load of a path reads, without parsing it: the files [`load_path`] reads there, in
+/// order, each with the SHA-256 of its content (or why it could not be read), the directories
+/// it lists, and the errors of listing them. The loader reads nothing else, so two equal
+/// fingerprints mean two loads find the same; the watcher's periodic re-read uses this to skip
+/// the parse when nothing changed ([`crate::watch`]). Files are hashed in pieces, never held.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fingerprint {
+    files: Vec<(PathBuf, Result<[u8; 32], String>)>,
+    directories: Vec<PathBuf>,
+    errors: Vec<ManifestError>,
+}
+
+impl Fingerprint {
+    /// The fingerprint of `path` (a file or a directory, as [`load_path`] takes it).
+    pub fn of(path: &Path) -> Fingerprint {
+        let mut loader = ManifestLoader::new();
+        let files = loader
+            .list_path(path)
+            .into_iter()
+            .map(|file| {
+                let digest = file_digest(&file).map_err(|e| e.to_string());
+                (file, digest)
+            })
+            .collect();
+        Fingerprint {
+            files,
+            directories: loader.directories,
+            errors: loader.errors,
+        }
+    }
+
+    /// The directories a load lists (as [`Loaded::directories`]).
+    pub fn directories(&self) -> &[PathBuf] {
+        &self.directories
+    }
+}
+
+/// The SHA-256 of a file's content, read in pieces.
+fn file_digest(file: &Path) -> std::io::Result<[u8; 32]> {
+    use sha2::Digest as _;
+    use std::io::Read as _;
+    let mut input = std::fs::File::open(file)?;
+    let mut hasher = sha2::Sha256::new();
+    let mut buf = vec![0; 64 * 1024];
+    loop {
+        match input.read(&mut buf) {
+            Ok(0) => return Ok(hasher.finalize().into()),
+            Ok(n) => hasher.update(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Everything one load found: the objects, the errors, and file by file what was defined.
 ///
 /// Error positions (`usize`) are indexes into [`Loaded::errors`].
@@ -364,6 +445,89 @@ pub struct FileLoad {
 struct Origin {
     file: PathBuf,
     line: usize,
+    /// The serial number of the document that defined it ([`ManifestLoader::documents`]).
+    document: u64,
+}
+
+/// What the loader did since the document being added started, so that it can be undone
+/// when the document does not load after all ([`ManifestLoader::begin_document`]).
+#[derive(Debug)]
+struct Pending {
+    /// The document's file.
+    file: PathBuf,
+    /// How many errors and warnings there were before it.
+    errors: usize,
+    warnings: usize,
+    /// How many objects it added (each has an [`Origin`] with the document's serial number).
+    accepted: usize,
+    /// What would have been logged about its skipped objects; logged when it stands.
+    skipped: Vec<Skipped>,
+}
+
+/// A line about an object that is skipped without an error (logged, not reported).
+#[derive(Debug)]
+enum Skipped {
+    /// A kind a service proxy does not use (debug).
+    Kind {
+        file: PathBuf,
+        line: usize,
+        kind: String,
+        api_version: String,
+    },
+    /// A Service, EndpointSlice or Node of another `apiVersion` (warning).
+    Version {
+        file: PathBuf,
+        line: usize,
+        object: String,
+        kind: String,
+        api_version: String,
+        expected: &'static str,
+    },
+    /// An object the proxy ignores, and why (debug).
+    Ignored {
+        file: PathBuf,
+        line: usize,
+        object: String,
+        why: String,
+    },
+}
+
+impl Skipped {
+    fn log(&self) {
+        match self {
+            Skipped::Kind {
+                file,
+                line,
+                kind,
+                api_version,
+            } => debug!(
+                file = %escape(&file.display().to_string()), line,
+                kind = %Escaped(kind), api_version = %Escaped(api_version),
+                "ignoring manifest object of a kind a service proxy does not use"
+            ),
+            Skipped::Version {
+                file,
+                line,
+                object,
+                kind,
+                api_version,
+                expected,
+            } => warn!(
+                file = %escape(&file.display().to_string()), line,
+                object = %Escaped(object), api_version = %Escaped(api_version),
+                "ignoring {kind}: apiVersion is not {expected}"
+            ),
+            Skipped::Ignored {
+                file,
+                line,
+                object,
+                why,
+            } => debug!(
+                file = %escape(&file.display().to_string()), line,
+                object = %Escaped(object), "ignoring object: {why}"
+            ),
+        }
+    }
 }
 
 /// Accumulates objects across files and texts, detecting duplicates across all of them.
@@ -376,20 +540,28 @@ pub struct ManifestLoader {
     files: BTreeMap<PathBuf, FileLoad>,
     unreadable: Vec<(PathBuf, usize)>,
     directories: Vec<PathBuf>,
+    /// How many documents were started; the last one's serial number.
+    documents: u64,
+    /// The document being added, while its List items are handed over as they are parsed.
+    pending: Option<Pending>,
+    /// Documents longer than this are parsed as they are read.
+    stream_above: StreamAbove,
 }
 
-/// One YAML document of a file.
-struct Document<'a> {
-    /// The document's text (including a `--- ` marker line when content follows the marker).
-    text: &'a str,
-    /// Byte offset of `text` in the file's text.
-    offset: usize,
-    /// 1-based line of the first line of `text` in the file.
-    first_line: usize,
-    /// 1-based line of the first line that is not blank or a comment (what errors report).
-    start_line: usize,
-    /// 1-based number of the document among the file's non-empty documents.
-    number: usize,
+/// Documents longer than this many bytes (1 MiB; a `kind: List` of about 270 Services) are
+/// parsed as they are read from their file, never held; shorter ones are read into memory
+/// first, since the parser is about 1.6 times as fast on text as on a reader. A file no longer
+/// than this is read whole.
+pub const STREAM_ABOVE: usize = 1 << 20;
+
+/// [`STREAM_ABOVE`], or what a test set.
+#[derive(Debug)]
+struct StreamAbove(usize);
+
+impl Default for StreamAbove {
+    fn default() -> Self {
+        StreamAbove(STREAM_ABOVE)
+    }
 }
 
 /// A document's (or a List item's) location, for errors.
@@ -414,22 +586,29 @@ impl ManifestLoader {
     /// (so the visible links of a ConfigMap mount are read). A file named directly is read
     /// whatever its extension.
     pub fn add_path(&mut self, path: &Path) {
+        for file in self.list_path(path) {
+            self.add_file(&file);
+        }
+    }
+
+    /// The files [`ManifestLoader::add_path`] reads at `path`, in order; what cannot be
+    /// inspected or listed is recorded as it records it.
+    fn list_path(&mut self, path: &Path) -> Vec<PathBuf> {
         match std::fs::metadata(path) {
             Err(e) => {
                 self.file_error(path, format!("cannot read: {e}"));
                 self.unreadable
                     .push((path.to_path_buf(), self.errors.len().saturating_sub(1)));
+                Vec::new()
             }
             Ok(meta) if meta.is_dir() => {
                 let mut files = Vec::new();
                 let mut visited = HashSet::new();
                 self.collect_files(path, &mut files, &mut visited);
                 files.sort();
-                for file in files {
-                    self.add_file(&file);
-                }
+                files
             }
-            Ok(_) => self.add_file(path),
+            Ok(_) => vec![path.to_path_buf()],
         }
     }
 
@@ -488,12 +667,35 @@ impl ManifestLoader {
             .push((dir.to_path_buf(), self.errors.len().saturating_sub(1)));
     }
 
-    /// Reads one file and adds its documents.
+    /// Reads one file and adds its documents. The file is read once to find its documents,
+    /// then again, document by document, as each is parsed: it is never held whole (see
+    /// [`content`]).
     fn add_file(&mut self, path: &Path) {
-        match std::fs::read(path) {
-            Ok(bytes) => self.add_bytes(path, &bytes),
+        let limit = self.stream_above.0;
+        let read = std::fs::File::open(path).and_then(|mut file| {
+            let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
+            if len <= limit {
+                // Sized as `std::fs::read` sizes it.
+                let mut bytes = Vec::with_capacity(len);
+                std::io::Read::read_to_end(&mut file, &mut bytes)?;
+                return Ok(Err(bytes));
+            }
+            let found = content::scan(&mut std::io::BufReader::with_capacity(64 * 1024, &file))?;
+            Ok(Ok((file, found)))
+        });
+        match read {
+            Ok(Err(bytes)) => self.add_bytes(path, &bytes),
+            Ok(Ok((file, found))) => self.add_content(path, Content::File(&file), found),
             Err(e) => self.unreadable_file(path, format!("cannot read: {e}")),
         }
+    }
+
+    /// Documents longer than `bytes` are parsed as they are read, never held (see
+    /// [`content`]); the default is [`STREAM_ABOVE`]. For the tests, which check that both
+    /// ways load the same.
+    #[cfg(test)]
+    pub(crate) fn stream_documents_above(&mut self, bytes: usize) {
+        self.stream_above = StreamAbove(bytes);
     }
 
     /// Adds the documents of one file's content, which should be UTF-8 text; `file` names it
@@ -505,45 +707,37 @@ impl ManifestLoader {
     /// are skipped, and the error says so); the other documents load as usual. Such a file is
     /// not understood whole (see [`FileLoad::incomplete`]).
     pub fn add_bytes(&mut self, file: &Path, bytes: &[u8]) {
-        match std::str::from_utf8(bytes) {
-            Ok(text) => self.add_text(file, text),
-            Err(_) => {
-                let (text, bad) = lossy_text(bytes);
-                self.add_checked_text(file, &text, &bad);
-            }
+        match content::scan(&mut &bytes[..]) {
+            Ok(found) => self.add_content(file, Content::Bytes(bytes), found),
+            // Reading a buffer does not fail.
+            Err(e) => self.unreadable_file(file, format!("cannot read: {e}")),
         }
     }
 
     /// Adds the documents of one file's text; `file` names it in errors and in duplicate
     /// reports.
     pub fn add_text(&mut self, file: &Path, text: &str) {
-        self.add_checked_text(file, text, &[]);
+        self.add_bytes(file, text.as_bytes());
     }
 
-    /// [`ManifestLoader::add_text`] for a text in which the bytes that were not UTF-8 were
-    /// replaced (at `bad`, sorted by offset): the documents that hold one are skipped.
-    fn add_checked_text(&mut self, file: &Path, text: &str, bad: &[BadBytes]) {
+    /// Adds the documents `found` in `content` (see [`content::scan`]): those that hold a
+    /// byte that is not UTF-8 are skipped.
+    fn add_content(&mut self, file: &Path, content: Content<'_>, found: content::Scan) {
         self.files.entry(file.to_path_buf()).or_default();
-        let (text, shift) = match text.strip_prefix('\u{feff}') {
-            Some(rest) => (rest, '\u{feff}'.len_utf8()),
-            None => (text, 0),
-        };
-        let mut bad = bad.iter().peekable();
-        for doc in split_documents(text) {
-            let start = doc.offset + shift;
-            let end = start + doc.text.len();
+        let mut bad = found.bad.iter().peekable();
+        for doc in &found.documents {
             let mut inside = Vec::new();
-            while let Some(b) = bad.next_if(|b| b.offset < end) {
-                if b.offset >= start {
+            while let Some(b) = bad.next_if(|b| b.offset < doc.end) {
+                if b.offset >= doc.start {
                     inside.push(b);
                 } else {
                     self.stray_bad_bytes(file, b);
                 }
             }
             if inside.is_empty() {
-                self.add_document(file, &doc);
+                self.add_document(file, content, doc);
             } else {
-                self.non_utf8_document(file, &doc, &inside);
+                self.non_utf8_document(file, content, doc, &inside);
             }
         }
         for b in bad {
@@ -552,13 +746,23 @@ impl ManifestLoader {
     }
 
     /// A document that holds bytes that are not UTF-8: skipped whole, with one error.
-    fn non_utf8_document(&mut self, file: &Path, doc: &Document<'_>, bad: &[&BadBytes]) {
+    fn non_utf8_document(
+        &mut self,
+        file: &Path,
+        content: Content<'_>,
+        doc: &Document,
+        bad: &[&BadBytes],
+    ) {
         let first = bad[0];
         let more = match bad.len() {
             1 => String::new(),
             n => format!(" (and {} more)", n - 1),
         };
-        let skipped = match describe_document(doc.text) {
+        let described = match content.document_bytes(doc) {
+            Ok(bytes) => describe_document(&String::from_utf8_lossy(&bytes)),
+            Err(_) => Described::Unknown,
+        };
+        let skipped = match described {
             Described::List(0) => "this document, a List, is skipped".to_string(),
             Described::List(n) => {
                 format!("this document is a List: the whole List ({n} items) is skipped")
@@ -647,39 +851,172 @@ impl ManifestLoader {
         }
     }
 
-    fn add_document(&mut self, file: &Path, doc: &Document<'_>) {
+    /// Parses one document and adds what it defines. The entries of a List's `items` are added
+    /// while the document is parsed, one at a time (see [`document`]); they stand only if the
+    /// whole document parses and is a list, so the outcome is that of parsing the document
+    /// whole first.
+    fn add_document(&mut self, file: &Path, content: Content<'_>, doc: &Document) {
         let at = At {
             file,
             line: doc.start_line,
             label: format!("document {}", doc.number),
         };
+        self.begin_document(file);
+        let parsed = match self.parse_document(&at, content, doc, None) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                self.end_document(false);
+                return self.unparsed(&at, doc, e);
+            }
+        };
+        match (parsed.items, document::list_header(&parsed.value)) {
+            (document::Items::Streamed, Some(_)) => self.end_document(true),
+            (document::Items::Restart, Some(header)) => {
+                // Its items needed the list's kind or apiVersion, which came after them.
+                match self.parse_document(&at, content, doc, Some(header)) {
+                    Ok(_) => self.end_document(true),
+                    // Not expected: the same text parsed a moment ago.
+                    Err(e) => {
+                        self.end_document(false);
+                        self.unparsed(&at, doc, e);
+                    }
+                }
+            }
+            _ => {
+                // Not a list after all: whatever its items added goes.
+                self.end_document(false);
+                self.add_value(&at, parsed.value, None);
+            }
+        }
+    }
+
+    /// Parses `doc`, read from `content` as it is parsed, handing its list items to
+    /// [`ManifestLoader::add_value`] as they are read.
+    fn parse_document(
+        &mut self,
+        at: &At<'_>,
+        content: Content<'_>,
+        doc: &Document,
+        known: Option<document::ListHeader>,
+    ) -> Result<document::ParsedDocument, Unparsed> {
         let mut options = serde_saphyr::Options::default();
         options.with_snippet = false;
-        options.budget = Some(budget_for(doc.text.len()));
-        match serde_saphyr::from_str_with_options::<ParsedDocument>(doc.text, options) {
-            Ok(parsed) => {
-                // The parser's lines are relative to the document's text.
-                let item_lines: Vec<usize> = parsed
-                    .item_lines
-                    .iter()
-                    .map(|&l| match usize::try_from(l) {
-                        Ok(l) if l > 0 => l - 1 + doc.first_line,
-                        _ => doc.start_line,
-                    })
-                    .collect();
-                self.add_value(&at, parsed.value, None, &item_lines);
-            }
-            Err(e) => {
+        options.budget = Some(budget_for(doc.len()));
+        let read_error = |e: std::io::Error| Unparsed::Read(e.to_string());
+        if doc.len() <= self.stream_above.0 {
+            // Held while parsed: the parser is faster on text than on a reader.
+            let bytes = match content {
+                Content::Bytes(bytes) => Cow::Borrowed(&bytes[doc.start..doc.end]),
+                Content::File(_) => Cow::Owned(content.document_bytes(doc).map_err(read_error)?),
+            };
+            // The document holds no byte that is not UTF-8, unless the file changed since.
+            let text = String::from_utf8_lossy(&bytes);
+            let target = document::Target {
+                loader: self,
+                at,
+                first_line: doc.first_line,
+                known,
+            };
+            let input = document::Input::<std::io::Empty>::Text(&text);
+            return document::parse(input, options, target).map_err(Unparsed::Yaml);
+        }
+        let mut reader = Checked::new(content.document(doc).map_err(read_error)?);
+        let target = document::Target {
+            loader: self,
+            at,
+            first_line: doc.first_line,
+            known,
+        };
+        let parsed = document::parse(document::Input::Reader(&mut reader), options, target);
+        match (reader.error, parsed) {
+            (Some(e), _) => Err(Unparsed::Read(e)),
+            (None, Ok(parsed)) => Ok(parsed),
+            (None, Err(e)) => Err(Unparsed::Yaml(e)),
+        }
+    }
+
+    /// A document that could not be parsed: one error, and its file is not understood whole.
+    fn unparsed(&mut self, at: &At<'_>, doc: &Document, e: Unparsed) {
+        match e {
+            Unparsed::Yaml(e) => {
                 let message = yaml_error_message(&e, doc.first_line);
                 self.errors.push(ManifestError::new(
-                    file,
+                    at.file,
                     Some(doc.start_line),
-                    Some(at.label),
+                    Some(at.label.clone()),
                     None,
                     format!("cannot parse YAML: {message}"),
                 ));
-                self.mark_incomplete(file);
+                self.mark_incomplete(at.file);
             }
+            Unparsed::Read(e) => self.unreadable_file(at.file, format!("cannot read: {e}")),
+        }
+    }
+
+    /// Starts a document: from here on, what the loader does can be undone
+    /// ([`ManifestLoader::undo_document`]) until [`ManifestLoader::end_document`].
+    fn begin_document(&mut self, file: &Path) {
+        self.documents += 1;
+        self.pending = Some(Pending {
+            file: file.to_path_buf(),
+            errors: self.errors.len(),
+            warnings: self.warnings.len(),
+            accepted: 0,
+            skipped: Vec::new(),
+        });
+    }
+
+    /// Undoes what the loader did since the document started: the objects it added, its
+    /// errors and warnings, and what they said about its file. The document stays started.
+    fn undo_document(&mut self) {
+        let Some(pending) = self.pending.as_mut() else {
+            return;
+        };
+        self.errors.truncate(pending.errors);
+        self.warnings.truncate(pending.warnings);
+        pending.skipped.clear();
+        if let Some(load) = self.files.get_mut(&pending.file) {
+            load.rejected
+                .retain(|&(_, position)| position < pending.errors);
+            if load.incomplete.is_some_and(|p| p >= pending.errors) {
+                load.incomplete = None;
+            }
+        }
+        if pending.accepted > 0 {
+            let document = self.documents;
+            let (set, files) = (&mut self.set, &mut self.files);
+            self.origins.retain(|key, origin| {
+                if origin.document != document {
+                    return true;
+                }
+                set.remove(key);
+                if let Some(load) = files.get_mut(&origin.file) {
+                    load.objects.remove(key);
+                }
+                false
+            });
+            pending.accepted = 0;
+        }
+    }
+
+    /// Ends the document: what it added stands (`keep`; what was skipped is logged now) or is
+    /// undone.
+    fn end_document(&mut self, keep: bool) {
+        if !keep {
+            self.undo_document();
+        }
+        if let Some(pending) = self.pending.take() {
+            for skipped in &pending.skipped {
+                skipped.log();
+            }
+        }
+    }
+
+    /// Logs `skipped` now, or when the document being added stands.
+    fn skipped(&mut self, skipped: Skipped) {
+        match &mut self.pending {
+            Some(pending) => pending.skipped.push(skipped),
+            None => skipped.log(),
         }
     }
 
@@ -701,14 +1038,9 @@ impl ManifestLoader {
 
     /// Handles one parsed value: an object or a list of objects. `list` is the item kind and
     /// `apiVersion` of the enclosing typed list (`ServiceList`), whose items may omit
-    /// `kind`/`apiVersion`. `item_lines` are the file lines of the value's `items`, when known.
-    fn add_value(
-        &mut self,
-        at: &At<'_>,
-        mut value: Value,
-        list: Option<(&str, &str)>,
-        item_lines: &[usize],
-    ) {
+    /// `kind`/`apiVersion`. The items of a list value (a List inside a List) are located at
+    /// the value's own line.
+    fn add_value(&mut self, at: &At<'_>, mut value: Value, list: Option<(&str, &str)>) {
         let Value::Object(map) = &mut value else {
             let found = value_type(&value);
             return self.unidentified(
@@ -736,14 +1068,7 @@ impl ManifestLoader {
             return self.unidentified(at, Some("apiVersion"), format!("missing in a {kind}"));
         };
 
-        let item_kind = match kind.as_str() {
-            "List" => Some(""),
-            "ServiceList" => Some("Service"),
-            "EndpointSliceList" => Some("EndpointSlice"),
-            "NodeList" => Some("Node"),
-            _ => None,
-        };
-        if let Some(item_kind) = item_kind {
+        if let Some(item_kind) = list_item_kind(&kind) {
             let items = match map.remove("items") {
                 None | Some(Value::Null) => Vec::new(),
                 Some(Value::Array(items)) => items,
@@ -759,11 +1084,11 @@ impl ManifestLoader {
             for (i, item) in items.into_iter().enumerate() {
                 let item_at = At {
                     file: at.file,
-                    line: item_lines.get(i).copied().unwrap_or(at.line),
+                    line: at.line,
                     label: format!("{} items[{i}]", at.label),
                 };
                 let typed = (!item_kind.is_empty()).then_some((item_kind, api_version.as_str()));
-                self.add_value(&item_at, item, typed, &[]);
+                self.add_value(&item_at, item, typed);
             }
             return;
         }
@@ -772,22 +1097,27 @@ impl ManifestLoader {
             "Service" | "Node" => "v1",
             "EndpointSlice" => "discovery.k8s.io/v1",
             _ => {
-                debug!(
-                    file = %escape(&at.file.display().to_string()), line = at.line,
-                    kind = %Escaped(&kind), api_version = %Escaped(&api_version),
-                    "ignoring manifest object of a kind a service proxy does not use"
-                );
+                if tracing::enabled!(tracing::Level::DEBUG) {
+                    self.skipped(Skipped::Kind {
+                        file: at.file.to_path_buf(),
+                        line: at.line,
+                        kind,
+                        api_version,
+                    });
+                }
                 return;
             }
         };
         let object = object_label(&kind, map);
         if api_version != expected_version {
-            warn!(
-                file = %escape(&at.file.display().to_string()), line = at.line,
-                object = %Escaped(&object), api_version = %Escaped(&api_version),
-                "ignoring {kind}: apiVersion is not {expected_version}"
-            );
-            return;
+            return self.skipped(Skipped::Version {
+                file: at.file.to_path_buf(),
+                line: at.line,
+                object,
+                kind,
+                api_version,
+                expected: expected_version,
+            });
         }
         let key = object_key(&kind, map);
 
@@ -810,7 +1140,7 @@ impl ManifestLoader {
                             set.services.insert(svc.name.clone(), svc);
                         });
                     }
-                    Ok(Converted::Ignored(why)) => ignored(&at, &why),
+                    Ok(Converted::Ignored(why)) => self.ignored(&at, why),
                     Err(e) => self.convert_error(&at, e, key),
                 }
             }
@@ -828,7 +1158,7 @@ impl ManifestLoader {
                             set.slices.insert(slice.name.clone(), slice);
                         });
                     }
-                    Ok(Converted::Ignored(why)) => ignored(&at, &why),
+                    Ok(Converted::Ignored(why)) => self.ignored(&at, why),
                     Err(e) => self.convert_error(&at, e, key),
                 }
             }
@@ -895,6 +1225,18 @@ impl ManifestLoader {
         }
     }
 
+    /// An object the proxy ignores (headless, another proxy's): a debug line.
+    fn ignored(&mut self, at: &At<'_>, why: String) {
+        if tracing::enabled!(tracing::Level::DEBUG) {
+            self.skipped(Skipped::Ignored {
+                file: at.file.to_path_buf(),
+                line: at.line,
+                object: at.label.clone(),
+                why,
+            });
+        }
+    }
+
     fn convert_error(&mut self, at: &At<'_>, e: SourceError, key: Option<ObjectKey>) {
         match e {
             SourceError::Invalid { field, message } => self.doc_error(at, Some(&field), message),
@@ -920,7 +1262,11 @@ impl ManifestLoader {
                 slot.insert(Origin {
                     file: at.file.to_path_buf(),
                     line: at.line,
+                    document: self.documents,
                 });
+                if let Some(pending) = &mut self.pending {
+                    pending.accepted += 1;
+                }
                 true
             }
         }
@@ -936,6 +1282,7 @@ fn budget_for(len: usize) -> serde_saphyr::Budget {
     budget.max_nodes = budget.max_nodes.max(len);
     budget.max_events = budget.max_events.max(len.saturating_mul(2));
     budget.max_total_scalar_bytes = budget.max_total_scalar_bytes.max(len);
+    budget.max_reader_input_bytes = budget.max_reader_input_bytes.map(|max| max.max(len));
     budget
 }
 
@@ -961,213 +1308,16 @@ fn object_key(kind: &str, map: &serde_json::Map<String, Value>) -> Option<Object
     }
 }
 
-/// A document parsed into a [`Value`], plus the line (relative to the document, 1-based) of
-/// each entry of a top-level `items` list, so that errors in a List's items point at the item.
-struct ParsedDocument {
-    value: Value,
-    item_lines: Vec<u64>,
-}
-
-impl<'de> Deserialize<'de> for ParsedDocument {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(DocumentVisitor)
+/// The item kind of a list kind the loader unpacks (`""` for `List`, whose items carry
+/// their own); `None` for every other kind.
+fn list_item_kind(kind: &str) -> Option<&'static str> {
+    match kind {
+        "List" => Some(""),
+        "ServiceList" => Some("Service"),
+        "EndpointSliceList" => Some("EndpointSlice"),
+        "NodeList" => Some("Node"),
+        _ => None,
     }
-}
-
-/// Builds a [`ParsedDocument`]: a top-level mapping is read key by key (to catch the lines of
-/// `items`); anything else is handed to [`Value`]'s own deserializer.
-struct DocumentVisitor;
-
-impl DocumentVisitor {
-    fn plain<E: de::Error>(value: Result<Value, E>) -> Result<ParsedDocument, E> {
-        value.map(|value| ParsedDocument {
-            value,
-            item_lines: Vec::new(),
-        })
-    }
-}
-
-impl<'de> de::Visitor<'de> for DocumentVisitor {
-    type Value = ParsedDocument;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a YAML document")
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_i128<E: de::Error>(self, v: i128) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_u128<E: de::Error>(self, v: u128) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<ParsedDocument, E> {
-        Self::plain(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<ParsedDocument, E> {
-        Self::plain(Ok(Value::String(v.to_string())))
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<ParsedDocument, E> {
-        Self::plain(Ok(Value::String(v)))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<ParsedDocument, E> {
-        Self::plain(Ok(Value::Null))
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<ParsedDocument, E> {
-        Self::plain(Ok(Value::Null))
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<ParsedDocument, D::Error> {
-        Self::plain(Value::deserialize(d))
-    }
-
-    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<ParsedDocument, D::Error> {
-        Self::plain(Value::deserialize(d))
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<ParsedDocument, A::Error> {
-        Self::plain(Value::deserialize(de::value::SeqAccessDeserializer::new(
-            seq,
-        )))
-    }
-
-    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<ParsedDocument, A::Error> {
-        let mut object = serde_json::Map::new();
-        let mut item_lines = Vec::new();
-        while let Some(key) = map.next_key::<String>()? {
-            let value = if key == "items" {
-                match map.next_value::<Items>()? {
-                    Items::List(items) => {
-                        item_lines = items.iter().map(|i| i.referenced.line()).collect();
-                        Value::Array(items.into_iter().map(|i| i.value).collect())
-                    }
-                    Items::Other(value) => value,
-                }
-            } else {
-                map.next_value::<Value>()?
-            };
-            object.insert(key, value);
-        }
-        Ok(ParsedDocument {
-            value: Value::Object(object),
-            item_lines,
-        })
-    }
-}
-
-/// The value of a top-level `items` key: a list whose entries keep their location, or any
-/// other value (an error reported later, with the document's other problems).
-enum Items {
-    List(Vec<serde_saphyr::Spanned<Value>>),
-    Other(Value),
-}
-
-impl<'de> Deserialize<'de> for Items {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(ItemsVisitor)
-    }
-}
-
-struct ItemsVisitor;
-
-impl ItemsVisitor {
-    fn other<E: de::Error>(value: Result<Value, E>) -> Result<Items, E> {
-        value.map(Items::Other)
-    }
-}
-
-impl<'de> de::Visitor<'de> for ItemsVisitor {
-    type Value = Items;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a list of objects")
-    }
-
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_i128<E: de::Error>(self, v: i128) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_u128<E: de::Error>(self, v: u128) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Items, E> {
-        Self::other(Value::deserialize(v.into_deserializer()))
-    }
-
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Items, E> {
-        Self::other(Ok(Value::String(v.to_string())))
-    }
-
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Items, E> {
-        Self::other(Ok(Value::String(v)))
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Items, E> {
-        Self::other(Ok(Value::Null))
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Items, E> {
-        Self::other(Ok(Value::Null))
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Items, D::Error> {
-        Items::deserialize(d)
-    }
-
-    fn visit_newtype_struct<D: Deserializer<'de>>(self, d: D) -> Result<Items, D::Error> {
-        Items::deserialize(d)
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Items, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(item) = seq.next_element::<serde_saphyr::Spanned<Value>>()? {
-            items.push(item);
-        }
-        Ok(Items::List(items))
-    }
-
-    fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Items, A::Error> {
-        Self::other(Value::deserialize(de::value::MapAccessDeserializer::new(
-            map,
-        )))
-    }
-}
-
-fn ignored(at: &At<'_>, why: &str) {
-    debug!(
-        file = %escape(&at.file.display().to_string()), line = at.line,
-        object = %Escaped(&at.label), "ignoring object: {why}"
-    );
 }
 
 /// `Service default/nginx-svc`, `Node k8s-master`, read from the untyped value so that errors
@@ -1277,38 +1427,6 @@ fn drop_hint_parts(text: &str, separators: &[&str]) -> String {
     kept.trim_end_matches([',', ';', '.', ' ']).to_string()
 }
 
-/// A run of bytes that are not UTF-8, replaced by one U+FFFD in the text [`lossy_text`] makes.
-struct BadBytes {
-    /// Byte offset of the replacement character in that text.
-    offset: usize,
-    /// 1-based line of the file where the run is.
-    line: usize,
-    /// The run's first byte.
-    byte: u8,
-}
-
-/// The file's content with every run of bytes that are not UTF-8 replaced by U+FFFD (as
-/// `String::from_utf8_lossy` does), and where each replacement is. A run never holds a line
-/// feed, so lines and document markers stay where they were.
-fn lossy_text(bytes: &[u8]) -> (String, Vec<BadBytes>) {
-    let mut text = String::with_capacity(bytes.len() + 8);
-    let mut bad = Vec::new();
-    let mut line = 1;
-    for chunk in bytes.utf8_chunks() {
-        text.push_str(chunk.valid());
-        line += chunk.valid().bytes().filter(|&b| b == b'\n').count();
-        if let Some(&byte) = chunk.invalid().first() {
-            bad.push(BadBytes {
-                offset: text.len(),
-                line,
-                byte,
-            });
-            text.push(char::REPLACEMENT_CHARACTER);
-        }
-    }
-    (text, bad)
-}
-
 /// What a skipped document seems to be, for its error.
 enum Described {
     /// A `List` (or typed list) of this many items.
@@ -1319,105 +1437,24 @@ enum Described {
     Unknown,
 }
 
-/// Reads a document only to say what is being skipped; nothing of it is loaded.
+/// Reads a document only to say what is being skipped; nothing of it is loaded, or kept
+/// (a List's items are counted, not held).
 fn describe_document(text: &str) -> Described {
     let mut options = serde_saphyr::Options::default();
     options.with_snippet = false;
     options.budget = Some(budget_for(text.len()));
-    let Ok(parsed) = serde_saphyr::from_str_with_options::<ParsedDocument>(text, options) else {
+    let Ok(outline) = document::outline(text, options) else {
         return Described::Unknown;
     };
-    let Value::Object(map) = &parsed.value else {
-        return Described::Unknown;
-    };
-    match map.get("kind").and_then(Value::as_str) {
-        Some("List" | "ServiceList" | "EndpointSliceList" | "NodeList") => Described::List(
-            map.get("items")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len),
-        ),
+    match outline.kind.as_ref().and_then(Value::as_str) {
+        Some(kind) if list_item_kind(kind).is_some() => Described::List(outline.items.unwrap_or(0)),
         Some(kind @ ("Service" | "EndpointSlice" | "Node")) => {
-            Described::Object(object_label(kind, map))
+            let mut map = serde_json::Map::new();
+            if let Some(metadata) = outline.metadata {
+                map.insert("metadata".to_string(), metadata);
+            }
+            Described::Object(object_label(kind, &map))
         }
         _ => Described::Unknown,
     }
-}
-
-/// Whether a line starts a document (`---`, optionally followed by a space and content).
-fn is_document_start(line: &str) -> bool {
-    line == "---" || line.starts_with("--- ") || line.starts_with("---\t")
-}
-
-/// Whether a line ends a document (`...`, optionally followed by a comment).
-fn is_document_end(line: &str) -> bool {
-    line == "..." || line.starts_with("... ") || line.starts_with("...\t")
-}
-
-/// Whether a line carries no content: blank, a comment, or a directive (`%YAML 1.2`).
-fn is_blank(line: &str) -> bool {
-    let t = line.trim_start();
-    t.is_empty() || t.starts_with('#') || line.starts_with('%')
-}
-
-/// Splits a file's text into its non-empty documents.
-fn split_documents(text: &str) -> Vec<Document<'_>> {
-    struct Chunk {
-        start: usize,
-        first_line: usize,
-        start_line: Option<usize>,
-    }
-    fn finish<'a>(text: &'a str, chunk: &Chunk, end: usize, docs: &mut Vec<Document<'a>>) {
-        if let Some(start_line) = chunk.start_line {
-            let number = docs.len() + 1;
-            docs.push(Document {
-                text: &text[chunk.start..end],
-                offset: chunk.start,
-                first_line: chunk.first_line,
-                start_line,
-                number,
-            });
-        }
-    }
-    let mut docs = Vec::new();
-    let mut chunk = Chunk {
-        start: 0,
-        first_line: 1,
-        start_line: None,
-    };
-    let mut offset = 0;
-    for (index, raw) in text.split_inclusive('\n').enumerate() {
-        let line_no = index + 1;
-        let line = raw.trim_end_matches(['\n', '\r']);
-        let next = offset + raw.len();
-        if is_document_start(line) {
-            finish(text, &chunk, offset, &mut docs);
-            let rest = line[3..].trim();
-            chunk = if rest.is_empty() || rest.starts_with('#') {
-                Chunk {
-                    start: next,
-                    first_line: line_no + 1,
-                    start_line: None,
-                }
-            } else {
-                // Content on the marker line (`--- {a: 1}`, `--- !tag`): keep the marker.
-                Chunk {
-                    start: offset,
-                    first_line: line_no,
-                    start_line: Some(line_no),
-                }
-            };
-        } else if is_document_end(line) {
-            finish(text, &chunk, offset, &mut docs);
-            chunk = Chunk {
-                start: next,
-                first_line: line_no + 1,
-                start_line: None,
-            };
-        } else if chunk.start_line.is_none() && !is_blank(line) {
-            chunk.start_line = Some(line_no);
-        }
-        offset = next;
-    }
-    finish(text, &chunk, text.len(), &mut docs);
-    docs
 }

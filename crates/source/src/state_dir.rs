@@ -6,7 +6,8 @@
 //! without a single error is copied to `<dir>/manifests/<id>.yaml`, where `<id>` is the
 //! first 16 hex digits of the SHA-256 of the file's absolute path. The copy's first line
 //! names the file. It is written atomically (a temporary file renamed over the old copy), and
-//! only when the file's text changed. At start-up, a file that is not understood whole
+//! only when the file's text changed. The file is hashed, and copied, in pieces of 64 KiB:
+//! a `kind: List` of 10,000 Services (37 MB) is never held in memory for its copy. At start-up, a file that is not understood whole
 //! (unreadable, not YAML, an object that cannot be identified) is completed from its copy:
 //! each object the copy defines and the file's readable part does not is served from the
 //! copy. The file's error says so, naming the copy and the Services it serves.
@@ -16,13 +17,14 @@
 //! API server is the authority.
 
 use std::collections::{BTreeSet, HashMap};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 use tracing::warn;
 
-use crate::manifests::{Loaded, ManifestSet, ObjectKey, parse_text};
+use crate::manifests::{Loaded, ManifestSet, ObjectKey, load_path};
 
 /// The default state directory (`--state-dir`).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/kube-proxy-rs";
@@ -76,10 +78,9 @@ impl StateDir {
             {
                 continue;
             }
-            let Ok(text) = std::fs::read_to_string(file) else {
+            let Ok(Some(digest)) = copy_text(file, &mut std::io::sink()) else {
                 continue;
             };
-            let digest: [u8; 32] = Sha256::digest(text.as_bytes()).into();
             let mut written = match self.written.lock() {
                 Ok(w) => w,
                 Err(p) => p.into_inner(),
@@ -87,8 +88,10 @@ impl StateDir {
             if written.get(file) == Some(&digest) {
                 continue;
             }
-            match self.write_copy(file, &text) {
-                Ok(()) => {
+            match self.write_copy(file) {
+                // The file was no longer UTF-8 text when copied: it is left alone.
+                Ok(None) => {}
+                Ok(Some(digest)) => {
                     written.insert(file.clone(), digest);
                 }
                 Err(e) => {
@@ -109,17 +112,29 @@ impl StateDir {
         }
     }
 
-    fn write_copy(&self, file: &Path, text: &str) -> std::io::Result<()> {
+    /// Copies `file` (streamed, never held whole) below a header naming it, atomically;
+    /// returns the digest of the text copied, or `None` (and nothing written) when the file
+    /// is not UTF-8 text.
+    fn write_copy(&self, file: &Path) -> std::io::Result<Option<[u8; 32]>> {
         let path = self.copy_path(file);
         let parent = path.parent().unwrap_or(&self.dir);
         std::fs::create_dir_all(parent)?;
         let tmp = path.with_extension("yaml.tmp");
-        let header = format!(
-            "# kube-proxy-rs: the last good version of {:?}\n",
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        writeln!(
+            out,
+            "# kube-proxy-rs: the last good version of {:?}",
             file.display().to_string()
-        );
-        std::fs::write(&tmp, format!("{header}{text}"))?;
-        std::fs::rename(&tmp, &path)
+        )?;
+        let digest = copy_text(file, &mut out)?;
+        out.flush()?;
+        drop(out);
+        if digest.is_none() {
+            std::fs::remove_file(&tmp)?;
+            return Ok(None);
+        }
+        std::fs::rename(&tmp, &path)?;
+        Ok(digest)
     }
 
     /// At start-up: completes every file of `loaded` that was not understood whole from its
@@ -137,10 +152,9 @@ impl StateDir {
                 continue;
             }
             let copy = self.copy_path(&file);
-            let Ok(text) = std::fs::read_to_string(&copy) else {
-                continue;
-            };
-            let (saved, _) = parse_text(&file, &text);
+            // Read as any manifest is: a large copy is not held whole. A copy that is missing
+            // or cannot be read restores nothing.
+            let (saved, _) = load_path(&copy);
             let mut services = Vec::new();
             let mut count = 0;
             for key in keys(&saved) {
@@ -173,6 +187,39 @@ impl StateDir {
             }
         }
         restored
+    }
+}
+
+/// Copies the text of `file` to `out` in pieces (a manifest can be large: it is never held
+/// whole); returns the SHA-256 of the text, or `None` when it is not UTF-8 (what was copied
+/// until then stays in `out`).
+fn copy_text(file: &Path, out: &mut impl Write) -> std::io::Result<Option<[u8; 32]>> {
+    const PIECE: usize = 64 * 1024;
+    let mut input = std::fs::File::open(file)?;
+    let mut hasher = Sha256::new();
+    // The piece read, after the (at most 3) bytes of a character the last piece cut.
+    let mut buf = vec![0; PIECE + 4];
+    let mut carried = 0;
+    loop {
+        let n = match input.read(&mut buf[carried..]) {
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if n == 0 {
+            return Ok((carried == 0).then(|| hasher.finalize().into()));
+        }
+        let filled = carried + n;
+        let whole = match std::str::from_utf8(&buf[..filled]) {
+            Ok(_) => filled,
+            // A character cut at the end of the piece: it is completed by the next one.
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => return Ok(None),
+        };
+        hasher.update(&buf[..whole]);
+        out.write_all(&buf[..whole])?;
+        buf.copy_within(whole..filled, 0);
+        carried = filled - whole;
     }
 }
 
@@ -224,6 +271,51 @@ mod tests {
         let mut loaded = load_path_detailed(&m);
         assert_eq!(state.restore(&mut loaded), 0);
         assert!(loaded.set.services.is_empty());
+    }
+
+    #[test]
+    fn a_copy_is_the_text_exactly_in_pieces_and_only_utf8() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path().join("state"));
+        // Over 200 KiB with two- and three-byte characters at every offset, so that pieces of
+        // the copy cut characters.
+        let mut text = String::from(GOOD);
+        let mut i = 0;
+        while text.len() < 200 * 1024 {
+            text.push_str(&format!("# é{i} ✓ {}\n", "x".repeat(i % 7)));
+            i += 1;
+        }
+        let file = dir.path().join("big.yaml");
+        std::fs::write(&file, &text).unwrap();
+        state.save_good(&load_path_detailed(&file));
+        let copy = state.copy_path(&file);
+        let header = format!(
+            "# kube-proxy-rs: the last good version of {:?}\n",
+            file.display().to_string()
+        );
+        assert_eq!(
+            std::fs::read_to_string(&copy).unwrap(),
+            format!("{header}{text}")
+        );
+        let digest: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+        assert_eq!(state.written.lock().unwrap()[&file], digest);
+
+        // Unchanged: not written again.
+        std::fs::write(&copy, "stale").unwrap();
+        state.save_good(&load_path_detailed(&file));
+        assert_eq!(std::fs::read_to_string(&copy).unwrap(), "stale");
+
+        // Not UTF-8 (in a comment, after the first piece): not copied.
+        let mut bytes = text.into_bytes();
+        bytes.extend_from_slice(b"# \xff\n");
+        let mut out = Vec::new();
+        std::fs::write(&file, &bytes).unwrap();
+        assert_eq!(copy_text(&file, &mut out).unwrap(), None);
+        // A character cut by the end of the file is not UTF-8 either.
+        bytes.truncate(bytes.len() - 3);
+        bytes.extend_from_slice("é".as_bytes().split_at(1).0);
+        std::fs::write(&file, &bytes).unwrap();
+        assert_eq!(copy_text(&file, &mut Vec::new()).unwrap(), None);
     }
 
     #[test]

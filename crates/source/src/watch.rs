@@ -22,6 +22,12 @@
 //!   rename, is watched again. Renaming or writing a hidden file (`.x.swp`) is not a change by
 //!   itself; renaming it over a manifest is.
 //!
+//! The periodic re-read first takes the path's [`Fingerprint`] (every file it would read,
+//! hashed in pieces, and the directories it would list): when it equals the one taken before
+//! the last load, nothing is parsed, since the load would find what it found. So a large
+//! manifest (a `kind: List` of 10,000 Services) is parsed again only when it changed, and the
+//! re-read never holds a second copy of every object beside the proxy's.
+//!
 //! A change is read [`DEBOUNCE`] after the last event of a burst, but never later than
 //! [`MAX_DEBOUNCE`] after its first, so an editor's writes, a ConfigMap swap or an `rm -rf` is
 //! read once, complete, and a change is applied well within a second.
@@ -57,7 +63,7 @@ use tracing::{debug, warn};
 
 use crate::SourceError;
 use crate::last_good::LastGood;
-use crate::manifests::{Loaded, ManifestError, ManifestWarning, load_path_detailed};
+use crate::manifests::{Fingerprint, Loaded, ManifestError, ManifestWarning, load_path_detailed};
 use crate::state_dir::StateDir;
 
 /// How long the path must be quiet after a change before it is reloaded, so that an editor's
@@ -138,6 +144,36 @@ pub async fn watch_manifests_with(
     tx: mpsc::Sender<Vec<SourceEvent>>,
     errors: impl Fn(&ManifestError) + Send + 'static,
 ) -> Result<(), SourceError> {
+    watch_manifests_tuned(path, opts, Tuning::default(), tx, errors).await
+}
+
+/// What the tests of the watcher turn: how often the path is re-read, and a count of the
+/// loads (each parses every file).
+#[derive(Debug, Clone)]
+pub(crate) struct Tuning {
+    /// [`RESYNC_INTERVAL`] outside tests.
+    pub(crate) resync: Duration,
+    /// Counts the loads.
+    pub(crate) loads: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            resync: RESYNC_INTERVAL,
+            loads: Default::default(),
+        }
+    }
+}
+
+/// [`watch_manifests_with`], tuned.
+pub(crate) async fn watch_manifests_tuned(
+    path: PathBuf,
+    opts: WatchOptions,
+    tuning: Tuning,
+    tx: mpsc::Sender<Vec<SourceEvent>>,
+    errors: impl Fn(&ManifestError) + Send + 'static,
+) -> Result<(), SourceError> {
     let path_error = |source| SourceError::Path {
         path: path.clone(),
         source,
@@ -178,7 +214,7 @@ pub async fn watch_manifests_with(
             source,
         })?;
 
-    let mut loaded = load_and_watch(&path, &mut watches).await;
+    let (mut read, mut loaded) = load_and_watch(&path, &mut watches, &tuning.loads).await;
     if let Some(sd) = &opts.state_dir {
         sd.save_good(&loaded);
         sd.restore(&mut loaded);
@@ -193,13 +229,13 @@ pub async fn watch_manifests_with(
         return Ok(());
     }
 
-    let mut resync = tokio::time::interval(RESYNC_INTERVAL);
+    let mut resync = tokio::time::interval(tuning.resync);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     resync.tick().await; // The first tick is immediate.
     let mut watching = true;
     loop {
         let deadline = state.grace_deadline(opts.grace);
-        tokio::select! {
+        let periodic = tokio::select! {
             _ = tx.closed() => return Ok(()),
             changed = notify_rx.recv(), if watching => {
                 if changed.is_none() {
@@ -209,19 +245,30 @@ pub async fn watch_manifests_with(
                     continue;
                 }
                 settle(&mut notify_rx).await;
+                false
             }
-            _ = resync.tick() => {}
-            () = sleep_until_opt(deadline) => {}
+            _ = resync.tick() => true,
+            () = sleep_until_opt(deadline) => false,
+        };
+        // The periodic re-read parses nothing when no file changed since the last load: the
+        // load would find what it found (and no grace period is running, which only time ends).
+        if periodic
+            && deadline.is_none()
+            && fingerprint(&path).await == read
+            && !watches.update(read.directories())
+        {
+            continue;
         }
-        let mut loaded = load_and_watch(&path, &mut watches).await;
+        let (mut now_read, mut loaded) = load_and_watch(&path, &mut watches, &tuning.loads).await;
         let waited = Instant::now();
         while let Some(wait) = recently_written(&loaded, STABLE_AFTER)
             && waited.elapsed() < MAX_STABLE_WAIT
         {
             tokio::time::sleep(wait + Duration::from_millis(10)).await;
             while notify_rx.try_recv().is_ok() {}
-            loaded = load_and_watch(&path, &mut watches).await;
+            (now_read, loaded) = load_and_watch(&path, &mut watches, &tuning.loads).await;
         }
+        read = now_read;
         warned = log_warnings(std::mem::take(&mut loaded.warnings), &warned);
         if let Some(sd) = &opts.state_dir {
             sd.save_good(&loaded);
@@ -299,25 +346,47 @@ async fn settle(notify_rx: &mut mpsc::Receiver<()>) {
 }
 
 /// Loads `path` and brings the watches in line with the directories read; when that added
-/// watches, loads again, so that what changed before they were set is seen.
-async fn load_and_watch(path: &Path, watches: &mut Watches) -> Loaded {
-    let mut loaded = load(path).await;
+/// watches, loads again, so that what changed before they were set is seen. Returns the
+/// path's [`Fingerprint`] taken just before the load it returns (a change after it makes the
+/// next fingerprint differ, so the periodic re-read does not miss it).
+async fn load_and_watch(
+    path: &Path,
+    watches: &mut Watches,
+    loads: &std::sync::atomic::AtomicUsize,
+) -> (Fingerprint, Loaded) {
+    let load = || {
+        loads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        load(path)
+    };
+    let mut read = load().await;
     for _ in 0..MAX_WATCH_ROUNDS {
-        if !watches.update(&loaded.directories) {
+        if !watches.update(&read.1.directories) {
             break;
         }
-        loaded = load(path).await;
+        read = load().await;
     }
-    loaded
+    read
 }
 
-/// Loads on the blocking pool; file I/O must not stall the runtime.
-async fn load(path: &Path) -> Loaded {
+/// Takes the path's fingerprint, then loads it, on the blocking pool; file I/O must not stall
+/// the runtime.
+async fn load(path: &Path) -> (Fingerprint, Loaded) {
     let owned = path.to_path_buf();
-    match tokio::task::spawn_blocking(move || load_path_detailed(&owned)).await {
-        Ok(loaded) => loaded,
+    let read = move || (Fingerprint::of(&owned), load_path_detailed(&owned));
+    match tokio::task::spawn_blocking(read.clone()).await {
+        Ok(read) => read,
         // Only a panic inside the loader gets here; load on this thread instead.
-        Err(_) => load_path_detailed(path),
+        Err(_) => read(),
+    }
+}
+
+/// The path's [`Fingerprint`], taken on the blocking pool.
+async fn fingerprint(path: &Path) -> Fingerprint {
+    let owned = path.to_path_buf();
+    let take = move || Fingerprint::of(&owned);
+    match tokio::task::spawn_blocking(take.clone()).await {
+        Ok(read) => read,
+        Err(_) => take(),
     }
 }
 

@@ -1,9 +1,11 @@
-//! Unit tests of the crate: validation messages, manifest loading, diffs, the last good state
-//! kept across bad edits, the watcher, and input handled as upstream handles it.
+//! Unit tests of the crate: validation messages, manifest loading (and a `kind: List` loaded
+//! while it is parsed), diffs, the last good state kept across bad edits, the watcher, and
+//! input handled as upstream handles it.
 
 mod convert;
 mod input;
 mod last_good;
+mod list;
 mod manifests;
 mod watch;
 

@@ -14,7 +14,9 @@ use tokio::time::{Instant, timeout};
 use super::{service_yaml, slice_yaml};
 use crate::SourceError;
 use crate::manifests::ManifestSet;
-use crate::watch::{WatchOptions, watch_manifests, watch_manifests_with};
+use crate::watch::{
+    Tuning, WatchOptions, watch_manifests, watch_manifests_tuned, watch_manifests_with,
+};
 
 /// Service `default/web` (ClusterIP 10.96.0.10, port 80) and its slice with `endpoints`.
 fn cluster(endpoints: &[&str]) -> String {
@@ -54,12 +56,21 @@ impl Watched {
 
     /// [`Watched::start`] with `opts`.
     async fn start_with(path: PathBuf, opts: WatchOptions) -> Watched {
+        Self::start_tuned(path, opts, None).await
+    }
+
+    /// [`Watched::start_with`], with the watcher's [`Tuning`] when given.
+    async fn start_tuned(path: PathBuf, opts: WatchOptions, tuning: Option<Tuning>) -> Watched {
         let errors = Arc::new(Mutex::new(Vec::<String>::new()));
         let sink = Arc::clone(&errors);
         let (tx, rx) = mpsc::channel(16);
-        let task = tokio::spawn(watch_manifests_with(path, opts, tx, move |e| {
+        let report = move |e: &crate::manifests::ManifestError| {
             sink.lock().expect("lock").push(e.to_string());
-        }));
+        };
+        let task = match tuning {
+            None => tokio::spawn(watch_manifests_with(path, opts, tx, report)),
+            Some(tuning) => tokio::spawn(watch_manifests_tuned(path, opts, tuning, tx, report)),
+        };
         let mut watched = Watched {
             rx,
             live: ManifestSet::default(),
@@ -573,5 +584,45 @@ async fn a_file_being_written_is_read_when_it_is_stable() {
         "one change, the slice's endpoint: {batch:#?}"
     );
     assert_eq!(endpoints(&w.live), Some(vec!["10.0.0.2".to_string()]));
+    w.stop().await;
+}
+
+/// The periodic re-read parses nothing while no file changed, and still sees a change that
+/// inotify cannot: a file reached through a symbolic link into a directory outside the path.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_periodic_reread_parses_only_a_changed_path() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let outside = dir.path().join("outside");
+    let watched = dir.path().join("m");
+    std::fs::create_dir(&outside).expect("mkdir");
+    std::fs::create_dir(&watched).expect("mkdir");
+    let target = outside.join("cluster.yaml");
+    write(&target, &cluster(&["10.0.0.1"]));
+    std::os::unix::fs::symlink(&target, watched.join("cluster.yaml")).expect("symlink");
+    let tuning = Tuning {
+        resync: Duration::from_millis(200),
+        ..Tuning::default()
+    };
+    let loads = Arc::clone(&tuning.loads);
+    let mut w = Watched::start_tuned(watched, WatchOptions::new(), Some(tuning)).await;
+    assert_eq!(endpoints(&w.live), Some(vec!["10.0.0.1".to_string()]));
+    // Five periodic re-reads of an unchanged path: no load after the first (which loads
+    // twice: once more after its watches were set).
+    let initial = loads.load(Ordering::Relaxed);
+    w.quiet(SECOND).await;
+    assert_eq!(loads.load(Ordering::Relaxed), initial);
+
+    // Not seen by inotify (the link's directory is not watched): the next re-read loads it.
+    write(&target, &cluster(&["10.0.0.2"]));
+    w.until(Duration::from_secs(3), |s| {
+        endpoints(s) == Some(vec!["10.0.0.2".to_string()])
+    })
+    .await;
+    let after_change = loads.load(Ordering::Relaxed);
+    assert!(after_change > initial, "{after_change}");
+    w.quiet(SECOND).await;
+    assert_eq!(loads.load(Ordering::Relaxed), after_change);
     w.stop().await;
 }
