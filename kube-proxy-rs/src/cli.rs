@@ -334,8 +334,8 @@ pub struct ProxyArgs {
     #[arg(long, allow_hyphen_values = true, default_value = "30s", value_parser = parse_duration)]
     pub iptables_sync_period: Duration,
 
-    /// Do not drop packets in conntrack state INVALID (set when
-    /// nf_conntrack_tcp_be_liberal is enabled on the node).
+    /// Do not drop packets in conntrack state INVALID; at daemon start also set the
+    /// nf_conntrack_tcp_be_liberal sysctl to 1 (as upstream).
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
     pub conntrack_tcp_be_liberal: bool,
 
