@@ -278,3 +278,121 @@ fn ipv6_cluster_ip_and_node_port_iptables() {
 fn ipv6_cluster_ip_and_node_port_nftables() {
     common::ipv6_cluster_ip_and_node_port(Mode::Nftables);
 }
+
+/// A LoadBalancer Service with externalTrafficPolicy Local (health-check NodePort 32070,
+/// NodePort 30070, its endpoint 10.0.1.4 on this node) and a NodePort Service without
+/// endpoints (30030).
+const LOCALNET_CLUSTER: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: lb-local, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.70
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32070
+  ports: [{port: 80, targetPort: 80, nodePort: 30070}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: lb-local-1
+  namespace: default
+  labels: {kubernetes.io/service-name: lb-local}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.1.4]
+  nodeName: k8s-master
+ports: [{name: "", port: 80, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.30
+  ports: [{port: 80, targetPort: 80, nodePort: 30030}]
+"#;
+
+/// CVE-2020-8558 hardening (iptables mode): with localhost NodePorts the node accepts
+/// traffic to 127.0.0.0/8 from its interfaces (`route_localnet=1`), and upstream's
+/// `KUBE-FIREWALL` jump, first in filter INPUT, drops what another host sends there unless
+/// it was DNATed. A client whose own routes send 127.0.0.1 to the node: a SYN to the
+/// health-check NodePort and one to a NodePort without endpoints are dropped (time out)
+/// instead of answered by the health-check server or rejected, while a NodePort with an
+/// endpoint still answers on 127.0.0.1 (DNATed) and the health-check port on the node's
+/// address. With the jump after `KUBE-NODEPORTS` and `KUBE-EXTERNAL-SERVICES` (as before),
+/// the first connects and the second is refused. The node starts with the jumps a kubelet
+/// before 1.28 created (`-A INPUT/OUTPUT -j KUBE-FIREWALL`, before kube-proxy's first sync),
+/// which the proxy moves above its own.
+#[test]
+fn localnet_guard_drops_outside_traffic_to_127_0_0_1_iptables() {
+    if !require_root() {
+        return;
+    }
+    let topology = feature_topology();
+    let _http = topology.start_http(80).unwrap();
+    let node = topology.node();
+    node.run("iptables", ["-N", "KUBE-FIREWALL"]).unwrap();
+    for chain in ["INPUT", "OUTPUT"] {
+        node.run("iptables", ["-A", chain, "-j", "KUBE-FIREWALL"])
+            .unwrap();
+    }
+    let dir = tempdir();
+    let manifest = write(dir.path(), "cluster.yaml", LOCALNET_CLUSTER);
+    let mut args = vec!["--manifests", manifest.to_str().unwrap()];
+    args.extend(NODE_ARGS);
+    let mut proxy = Daemon::start(Mode::Iptables, topology.node(), dir.path(), &args, None);
+    proxy.wait_programmed(topology.node());
+    let node_ip = topology.node_ip(kp_model::IpFamily::V4).unwrap();
+    let client = topology.client();
+    // The client sends 127.0.0.0/8 to the node, as a host on the node's network can.
+    client.ip(["addr", "flush", "dev", "lo"]).unwrap();
+    client
+        .sysctl("net.ipv4.conf.all.route_localnet", "1")
+        .unwrap();
+    let via = node_ip.to_string();
+    client
+        .ip(["route", "add", "127.0.0.0/8", "via", via.as_str()])
+        .unwrap();
+    let t = Duration::from_secs(1);
+    let lo = |port| SocketAddr::new(IpAddr::from([127, 0, 0, 1]), port);
+    let first_line = |ns: &kp_testkit::Netns, chain: &str| {
+        ns.run("iptables", ["-S", chain])
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("-A "))
+            .map(str::to_string)
+    };
+    let log = || proxy.log();
+    // Controls: the client reaches the node on 127.0.0.1 (a DNATed NodePort answers), and
+    // the health-check server answers on the node's address.
+    let reply = http_get(client, lo(30070), t)
+        .unwrap_or_else(|e| panic!("127.0.0.1:30070 (DNATed) failed: {e}\n{}", log()));
+    assert_eq!(reply.name(), "be0");
+    assert!(
+        http_get(client, SocketAddr::new(node_ip, 32070), t).is_ok(),
+        "the health-check NodePort answers on the node's address"
+    );
+    // The guard: both dropped, neither answered.
+    for (port, what) in [
+        (32070, "the health-check NodePort"),
+        (30030, "a NodePort without endpoints"),
+    ] {
+        match http_get(client, lo(port), t) {
+            Err(ClientError::Timeout) => {}
+            other => panic!(
+                "127.0.0.1:{port} ({what}) from another host must be dropped, got {other:?}\nINPUT: {:?}\n{}",
+                first_line(topology.node(), "INPUT"),
+                log()
+            ),
+        }
+    }
+    for chain in ["INPUT", "OUTPUT"] {
+        assert_eq!(
+            first_line(node, chain).as_deref(),
+            Some(format!("-A {chain} -j KUBE-FIREWALL").as_str())
+        );
+        let rules = node.run("iptables", ["-S", chain]).unwrap();
+        assert_eq!(rules.matches("-j KUBE-FIREWALL").count(), 1, "{rules}");
+    }
+}

@@ -23,9 +23,7 @@ use common::{
     save, seed_topology, tempdir, which, write,
 };
 use kp_netlink::NfacctOps;
-use kp_testkit::golden::{
-    SEED_CLUSTER, SEED_EXPECTED_IPTABLES, assert_contains_in_chain_order, rule_lines,
-};
+use kp_testkit::golden::{SEED_CLUSTER, assert_contains_in_chain_order, seed_expected_lines};
 use kp_testkit::{ClientError, Netns, http_get, http_get_many, require_root, wait_for};
 
 // ---------------------------------------------------------------------------------------
@@ -112,7 +110,7 @@ fn has_nfacct(ns: &Netns) -> bool {
 /// no localhost counting rule).
 fn seed_expected_on(ns: &Netns) -> Vec<(String, String)> {
     let nfacct = has_nfacct(ns);
-    rule_lines(SEED_EXPECTED_IPTABLES)
+    seed_expected_lines()
         .into_iter()
         .map(|(table, line)| match line.as_str() {
             SEED_INVALID_DROP if nfacct => (table, NFACCT_INVALID_DROP.to_string()),

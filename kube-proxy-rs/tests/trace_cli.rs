@@ -718,35 +718,6 @@ fn locally_generated_packets_are_sent_not_forwarded() {
     assert!(ok && out.contains("forwarded"), "{out}");
 }
 
-/// The jumps the tracer assumes for a partial dump are the ones the proxier installs.
-#[test]
-fn assumed_jumps_are_the_proxiers() {
-    use kp_proxier::iptables::reconcile::{JUMP_RULES, Position};
-    let ours: Vec<(String, String, String, bool)> = JUMP_RULES
-        .iter()
-        .map(|j| {
-            (
-                j.table.to_string(),
-                j.chain.to_string(),
-                j.canonical(),
-                j.position == Position::Append,
-            )
-        })
-        .collect();
-    let assumed: Vec<(String, String, String, bool)> = kp_netfilter::KUBE_PROXY_JUMPS
-        .iter()
-        .map(|j| {
-            (
-                j.table.to_string(),
-                j.chain.to_string(),
-                j.rule.to_string(),
-                j.append,
-            )
-        })
-        .collect();
-    assert_eq!(ours, assumed);
-}
-
 /// The nat section of the seed dump through `grep KUBE`, as docs/trace.md suggests
 /// (`iptables-save -t nat | grep KUBE`): the `*nat` line is gone.
 fn seed_nat_grepped() -> String {

@@ -48,7 +48,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let r = ipt_render::render(std::hint::black_box(&snap), &cfg, None);
             let mut r = r;
-            ipt_reconcile::full_payload_take(&mut r, None, true).0.len()
+            ipt_reconcile::full_payload_take(&mut r, None).0.len()
         })
     });
     // A full render with the proxier's name cache filled by an earlier sync (what the hourly
@@ -59,7 +59,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let mut r =
                 ipt_render::render_cached(std::hint::black_box(&snap), &cfg, None, &mut warm);
-            ipt_reconcile::full_payload_take(&mut r, None, true).0.len()
+            ipt_reconcile::full_payload_take(&mut r, None).0.len()
         })
     });
     group.finish();

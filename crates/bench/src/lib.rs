@@ -236,7 +236,6 @@ pub fn render_payload(mode: Mode, snap: &Snapshot) -> (String, Duration) {
                     &mut kp_proxier::iptables::render::RenderCache::new(),
                     None,
                     &full::Options {
-                        kube_firewall: cfg.kube_firewall,
                         zero_counters: false,
                         split: Some(split::NFT_SPLIT),
                     },
@@ -247,7 +246,6 @@ pub fn render_payload(mode: Mode, snap: &Snapshot) -> (String, Duration) {
                 kp_proxier::iptables::reconcile::full_payload_take_with(
                     &mut r,
                     None,
-                    cfg.kube_firewall,
                     mode == Mode::IptablesNftZero,
                 )
                 .0

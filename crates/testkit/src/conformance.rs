@@ -304,7 +304,32 @@ fn add_exceptions(
 /// masqueraded (the client address is always hidden).
 fn add_userspace_exceptions(scenarios: &mut [Scenario]) {
     const SOURCE_RANGES: &str = "userspace mode sends only the allowed sources to the proxy (its portals match the ranges); other sources are not proxied and go on as if no Service had the LB IP, where the kernel modes drop them";
+    const RESET: &str = "userspace mode's proxy socket accepts the connection and, with no endpoint for this traffic, closes it with a reset (the sandbox's `reset`), where the kernel modes drop it";
     let table: Vec<(&str, &str, Expect, &'static str)> = vec![
+        (
+            "Services without endpoints",
+            "outside traffic to 127.0.0.1:NodePort without endpoints",
+            Expect::Reject,
+            "userspace mode's NodePort portal (upstream's: `--dst-type LOCAL`) takes 127.0.0.1 like every local address, before routing, and it sets no route_localnet and has no localnet drop; the proxy resets a connection without endpoints. Through 127.0.0.1 a NodePort exposes nothing its node IP does not; services bound to 127.0.0.1 stay out of reach (row: outside traffic to 127.0.0.1 without a NodePort)",
+        ),
+        (
+            "externalTrafficPolicy: Local",
+            "no local endpoint: external traffic dropped",
+            Expect::Reject,
+            RESET,
+        ),
+        (
+            "externalTrafficPolicy: Local",
+            "no local endpoint: LB IP dropped",
+            Expect::Reject,
+            RESET,
+        ),
+        (
+            "internalTrafficPolicy: Local",
+            "no local endpoint: dropped",
+            Expect::Reject,
+            RESET,
+        ),
         (
             "targetPort, named ports, UDP and SCTP",
             "SCTP",
@@ -694,6 +719,15 @@ fn no_endpoints() -> Scenario {
                 NODE_IP,
                 30030,
                 Expect::Reject,
+            ),
+            row(
+                "outside traffic to 127.0.0.1:NodePort without endpoints: localnet drop (CVE-2020-8558), before the REJECT",
+                From::External,
+                EXT,
+                TCP,
+                "127.0.0.1",
+                30030,
+                Expect::Drop,
             ),
             row(
                 "external to external IP: rejected",
@@ -1094,6 +1128,15 @@ fn external_policy_local() -> Scenario {
                 NODE_IP,
                 32070,
                 Expect::Unchanged,
+            ),
+            row(
+                "outside traffic to 127.0.0.1:health check NodePort: localnet drop (CVE-2020-8558), before the ACCEPT",
+                From::External,
+                EXT,
+                TCP,
+                "127.0.0.1",
+                32070,
+                Expect::Drop,
             ),
             row(
                 "no local endpoint: external traffic dropped",

@@ -14,6 +14,28 @@ pub const SEED_CLUSTER: &str = include_str!("../../../examples/seed-nginx/cluste
 pub const SEED_EXPECTED_IPTABLES: &str =
     include_str!("../../../examples/seed-nginx/expected-iptables-save.txt");
 
+/// [`rule_lines`] of [`SEED_EXPECTED_IPTABLES`] in the order kube-proxy leaves them on a node
+/// where it creates the jumps to `KUBE-FIREWALL` itself (kubelet 1.28 and later no longer
+/// does): first in filter `INPUT` and `OUTPUT`, as upstream's prepend of kubelet's jump
+/// chains after its own leaves them. On the seed's node an older kubelet had created them
+/// before kube-proxy's first sync, so they are last there; kube-proxy-rs moves such a jump
+/// above its own (the localnet drop of CVE-2020-8558 must come before the health-check
+/// ACCEPTs and NodePort REJECTs).
+pub fn seed_expected_lines() -> Vec<(String, String)> {
+    let mut lines = rule_lines(SEED_EXPECTED_IPTABLES);
+    for chain in ["INPUT", "OUTPUT"] {
+        let jump = format!("-A {chain} -j KUBE-FIREWALL");
+        let first_of_chain =
+            |l: &(String, String)| l.0 == "filter" && l.1.starts_with(&format!("-A {chain} "));
+        if let Some(at) = lines.iter().position(|l| l.0 == "filter" && l.1 == jump) {
+            let moved = lines.remove(at);
+            let to = lines.iter().position(first_of_chain).unwrap_or(at);
+            lines.insert(to, moved);
+        }
+    }
+    lines
+}
+
 /// The `-A` lines of an `iptables-save` text, each with the table it belongs to.
 pub fn rule_lines(save: &str) -> Vec<(String, String)> {
     let mut table = String::new();
@@ -63,6 +85,20 @@ mod tests {
         assert_eq!(lines.iter().filter(|(t, _)| t == "nat").count(), 15);
         assert_eq!(lines.iter().filter(|(t, _)| t == "filter").count(), 15);
         assert_contains_in_chain_order(SEED_EXPECTED_IPTABLES, &lines);
+        // The same lines, the KUBE-FIREWALL jumps first in INPUT and OUTPUT.
+        let ours = seed_expected_lines();
+        let mut sorted_ours = ours.clone();
+        let mut sorted = lines.clone();
+        sorted_ours.sort();
+        sorted.sort();
+        assert_eq!(sorted_ours, sorted);
+        for chain in ["INPUT", "OUTPUT"] {
+            let first = ours
+                .iter()
+                .find(|(t, l)| t == "filter" && l.starts_with(&format!("-A {chain} ")))
+                .unwrap();
+            assert_eq!(first.1, format!("-A {chain} -j KUBE-FIREWALL"));
+        }
     }
 
     #[test]

@@ -624,5 +624,22 @@ items:
         .collect();
         assert_eq!(seen.len(), 2, "{what}: both backends answer: {seen:?}");
     }
+    if mode == Mode::Iptables {
+        // As upstream: an empty KUBE-FIREWALL in ip6tables' filter table (the localnet drop
+        // is IPv4's), its jumps first in INPUT and OUTPUT.
+        let filter = node.run("ip6tables", ["-S"]).unwrap();
+        assert!(filter.contains("-N KUBE-FIREWALL\n"), "{filter}");
+        assert!(!filter.contains("-A KUBE-FIREWALL"), "{filter}");
+        for chain in ["INPUT", "OUTPUT"] {
+            let first = filter
+                .lines()
+                .find(|l| l.starts_with(&format!("-A {chain} ")));
+            assert_eq!(
+                first,
+                Some(format!("-A {chain} -j KUBE-FIREWALL").as_str()),
+                "{filter}"
+            );
+        }
+    }
     drop(http);
 }

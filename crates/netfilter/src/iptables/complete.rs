@@ -237,9 +237,6 @@ pub struct KubeProxyJump {
     pub rule: &'static str,
     /// kube-proxy's chain it jumps to.
     pub target: &'static str,
-    /// Whether kube-proxy appends it (`-A`; kubelet's `KUBE-FIREWALL`) rather than
-    /// inserting it at the top of the chain (`-I CHAIN 1`).
-    pub append: bool,
 }
 
 const fn jump(
@@ -247,126 +244,115 @@ const fn jump(
     chain: &'static str,
     rule: &'static str,
     target: &'static str,
-    append: bool,
 ) -> KubeProxyJump {
     KubeProxyJump {
         table,
         chain,
         rule,
         target,
-        append,
     }
 }
 
 /// The jumps from the built-in chains that kube-proxy (iptables mode, upstream's and
-/// ours) ensures, grouped by built-in chain, each group in its final top-to-bottom order
-/// (the same list as `kp_proxier::iptables::reconcile::JUMP_RULES`; a test checks).
+/// ours) ensures, grouped by built-in chain, each group in its final top-to-bottom order.
+/// Upstream inserts each at the top of its chain when it is missing (`EnsureRule(Prepend)`,
+/// kubelet's `KUBE-FIREWALL` jumps last), so on a node where kube-proxy creates them all
+/// the jump to `KUBE-FIREWALL` comes first: the localnet drop (CVE-2020-8558) is seen
+/// before the health-check ACCEPTs and the REJECTs of `KUBE-NODEPORTS` and
+/// `KUBE-EXTERNAL-SERVICES`. kube-proxy-rs's proxier installs exactly these
+/// (`kp_proxier::iptables::reconcile`).
 pub const KUBE_PROXY_JUMPS: &[KubeProxyJump] = &[
+    jump(
+        Table::Filter,
+        "INPUT",
+        "-A INPUT -j KUBE-FIREWALL",
+        "KUBE-FIREWALL",
+    ),
     jump(
         Table::Filter,
         "INPUT",
         "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
         "KUBE-PROXY-FIREWALL",
-        false,
     ),
     jump(
         Table::Filter,
         "INPUT",
         "-A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS",
         "KUBE-NODEPORTS",
-        false,
     ),
     jump(
         Table::Filter,
         "INPUT",
         "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES",
         "KUBE-EXTERNAL-SERVICES",
-        false,
-    ),
-    jump(
-        Table::Filter,
-        "INPUT",
-        "-A INPUT -j KUBE-FIREWALL",
-        "KUBE-FIREWALL",
-        true,
     ),
     jump(
         Table::Filter,
         "FORWARD",
         "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
         "KUBE-PROXY-FIREWALL",
-        false,
     ),
     jump(
         Table::Filter,
         "FORWARD",
         "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD",
         "KUBE-FORWARD",
-        false,
     ),
     jump(
         Table::Filter,
         "FORWARD",
         "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
         "KUBE-SERVICES",
-        false,
     ),
     jump(
         Table::Filter,
         "FORWARD",
         "-A FORWARD -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES",
         "KUBE-EXTERNAL-SERVICES",
-        false,
-    ),
-    jump(
-        Table::Filter,
-        "OUTPUT",
-        "-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
-        "KUBE-PROXY-FIREWALL",
-        false,
-    ),
-    jump(
-        Table::Filter,
-        "OUTPUT",
-        "-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
-        "KUBE-SERVICES",
-        false,
     ),
     jump(
         Table::Filter,
         "OUTPUT",
         "-A OUTPUT -j KUBE-FIREWALL",
         "KUBE-FIREWALL",
-        true,
+    ),
+    jump(
+        Table::Filter,
+        "OUTPUT",
+        "-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
+        "KUBE-PROXY-FIREWALL",
+    ),
+    jump(
+        Table::Filter,
+        "OUTPUT",
+        "-A OUTPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+        "KUBE-SERVICES",
     ),
     jump(
         Table::Nat,
         "PREROUTING",
         "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
         "KUBE-SERVICES",
-        false,
     ),
     jump(
         Table::Nat,
         "OUTPUT",
         "-A OUTPUT -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
         "KUBE-SERVICES",
-        false,
     ),
     jump(
         Table::Nat,
         "POSTROUTING",
         "-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING",
         "KUBE-POSTROUTING",
-        false,
     ),
 ];
 
 /// Adds to `rules` each of [`KUBE_PROXY_JUMPS`] whose target chain the ruleset has (in
 /// that table) while its built-in chain has no rule jumping (`-j`/`-g`) to that chain: a
 /// dump with kube-proxy's chains but not kube-proxy's jumps is partial, and kube-proxy
-/// would have installed them. Inserted jumps go at the top of the built-in chain (in
-/// kube-proxy's order), appended ones at its end; a missing built-in chain is created
+/// would have installed them. They go at the top of the built-in chain, in kube-proxy's
+/// order; a missing built-in chain is created
 /// (policy ACCEPT). Returns the added jumps as `table CHAIN: rule`, in list order. Meant
 /// for dumps, not for a node's live rules (where a missing jump is a real problem to
 /// show, not to complete).
@@ -388,17 +374,13 @@ pub fn complete_kube_proxy_jumps(rules: &mut Ruleset) -> Vec<String> {
             continue;
         }
         let Some(rule) = jump_rule(j) else { continue };
-        if j.append {
-            chain.rules.push(rule);
-        } else {
-            // After the jumps this function already put at the top of this chain.
-            let at = prepended
-                .iter()
-                .filter(|(t, c)| *t == j.table && *c == j.chain)
-                .count();
-            chain.rules.insert(at, rule);
-            prepended.push((j.table, j.chain));
-        }
+        // After the jumps this function already put at the top of this chain.
+        let at = prepended
+            .iter()
+            .filter(|(t, c)| *t == j.table && *c == j.chain)
+            .count();
+        chain.rules.insert(at, rule);
+        prepended.push((j.table, j.chain));
         added.push(format!("{} {}: {}", j.table, j.chain, j.rule));
     }
     added

@@ -539,7 +539,6 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
                 // the tool's stdin while the render goes (see `reconcile::full`); its payload
                 // (30 MB at 10,000 Services on a fresh node) is never held whole.
                 let opts = full::Options {
-                    kube_firewall: cfg.kube_firewall,
                     zero_counters: self.zero_counters_on_full_sync,
                     split: self.split,
                 };

@@ -17,9 +17,11 @@
 //!   by someone else stays missing until the check notices it.
 //! - *Cleanup* (`--cleanup`) removes our jump rules and chains and nothing else.
 //!
-//! Jump rules are inserted at the top of the built-in chains (`-I CHAIN 1`, in an order that
-//! yields upstream kube-proxy's layout), except the jump to `KUBE-FIREWALL`, which is appended
-//! like kubelet does; within one restore everything is applied or nothing is.
+//! Jump rules ([`KUBE_PROXY_JUMPS`]) are inserted at the top of the built-in chains (`-I CHAIN
+//! 1`, in an order that yields upstream kube-proxy's layout: the jumps to `KUBE-FIREWALL`
+//! first, in both families); a jump to `KUBE-FIREWALL` that the kernel holds below one of
+//! our jumps is moved to the top (see [`missing_jumps`]); within one restore everything is
+//! applied or nothing is.
 
 use std::collections::{BTreeSet, HashSet};
 use std::fmt::Write as _;
@@ -31,147 +33,11 @@ use super::names::{
     KUBE_POSTROUTING, KUBE_PROXY_CANARY, KUBE_PROXY_FIREWALL, KUBE_SERVICES, is_dynamic_chain,
 };
 use super::render::{ChainSet, Rendered, TableRules};
+use kp_netfilter::{KUBE_PROXY_JUMPS, KubeProxyJump};
 
 pub mod digest;
 pub mod full;
 pub mod split;
-
-/// Where a jump rule goes in its built-in chain.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Position {
-    /// At the top (`-I CHAIN 1`), like upstream's `EnsureRule(Prepend)`.
-    Prepend,
-    /// At the end (`-A`), like kubelet's jump to `KUBE-FIREWALL`.
-    Append,
-}
-
-/// A rule in a built-in chain that jumps into one of our chains.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JumpRule {
-    /// `filter` or `nat`.
-    pub table: &'static str,
-    /// The built-in chain.
-    pub chain: &'static str,
-    /// Matches, in canonical form (may be empty).
-    pub matches: &'static str,
-    /// Our chain.
-    pub target: &'static str,
-    /// Where it goes.
-    pub position: Position,
-}
-
-impl JumpRule {
-    /// The rule as `iptables-save` prints it (`-A CHAIN … -j TARGET`).
-    pub fn canonical(&self) -> String {
-        if self.matches.is_empty() {
-            format!("-A {} -j {}", self.chain, self.target)
-        } else {
-            format!("-A {} {} -j {}", self.chain, self.matches, self.target)
-        }
-    }
-}
-
-/// Every jump rule, grouped by built-in chain, each group in its final top-to-bottom order.
-pub const JUMP_RULES: &[JumpRule] = &[
-    JumpRule {
-        table: "filter",
-        chain: "INPUT",
-        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"",
-        target: KUBE_PROXY_FIREWALL,
-        position: Position::Prepend,
-    },
-    JumpRule {
-        table: "filter",
-        chain: "INPUT",
-        matches: "-m comment --comment \"kubernetes health check service ports\"",
-        target: KUBE_NODEPORTS,
-        position: Position::Prepend,
-    },
-    JumpRule {
-        table: "filter",
-        chain: "INPUT",
-        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\"",
-        target: KUBE_EXTERNAL_SERVICES,
-        position: Position::Prepend,
-    },
-    JumpRule {
-        table: "filter",
-        chain: "INPUT",
-        matches: "",
-        target: KUBE_FIREWALL,
-        position: Position::Append,
-    },
-    JumpRule {
-        table: "filter",
-        chain: "FORWARD",
-        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"",
-        target: KUBE_PROXY_FIREWALL,
-        position: Position::Prepend,
-    },
-    JumpRule {
-        table: "filter",
-        chain: "FORWARD",
-        matches: "-m comment --comment \"kubernetes forwarding rules\"",
-        target: KUBE_FORWARD,
-        position: Position::Prepend,
-    },
-    JumpRule {
-        table: "filter",
-        chain: "FORWARD",
-        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"",
-        target: KUBE_SERVICES,
-        position: Position::Prepend,
-    },
-    JumpRule {
-        table: "filter",
-        chain: "FORWARD",
-        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\"",
-        target: KUBE_EXTERNAL_SERVICES,
-        position: Position::Prepend,
-    },
-    JumpRule {
-        table: "filter",
-        chain: "OUTPUT",
-        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\"",
-        target: KUBE_PROXY_FIREWALL,
-        position: Position::Prepend,
-    },
-    JumpRule {
-        table: "filter",
-        chain: "OUTPUT",
-        matches: "-m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\"",
-        target: KUBE_SERVICES,
-        position: Position::Prepend,
-    },
-    JumpRule {
-        table: "filter",
-        chain: "OUTPUT",
-        matches: "",
-        target: KUBE_FIREWALL,
-        position: Position::Append,
-    },
-    JumpRule {
-        table: "nat",
-        chain: "PREROUTING",
-        matches: "-m comment --comment \"kubernetes service portals\"",
-        target: KUBE_SERVICES,
-        position: Position::Prepend,
-    },
-    JumpRule {
-        table: "nat",
-        chain: "OUTPUT",
-        matches: "-m comment --comment \"kubernetes service portals\"",
-        target: KUBE_SERVICES,
-        position: Position::Prepend,
-    },
-    JumpRule {
-        table: "nat",
-        chain: "POSTROUTING",
-        matches: "-m comment --comment \"kubernetes postrouting rules\"",
-        target: KUBE_POSTROUTING,
-        position: Position::Prepend,
-    },
-];
 
 /// What the kernel holds, as far as reconciliation cares: per table, the chains that exist and
 /// the rules of each chain in canonical `-A CHAIN …` form.
@@ -200,8 +66,17 @@ pub struct KernelTable {
 }
 
 impl KernelTable {
-    fn has_rule(&self, line: &str) -> bool {
-        self.rules.iter().any(|(_, l, _)| l == line)
+    /// Where rule `line` (canonical) is among the rules of built-in chain `chain`, from 0.
+    fn rule_position(&self, chain: &str, line: &str) -> Option<usize> {
+        self.rules
+            .iter()
+            .filter(|(c, _, _)| c == chain)
+            .position(|(_, l, _)| l == line)
+    }
+
+    /// Whether the kernel has chain `name` (read as another's or as ours).
+    fn has_chain(&self, name: &str) -> bool {
+        self.chains.contains(name) || self.ours.contains(name)
     }
 }
 
@@ -213,35 +88,69 @@ fn write_decls(out: &mut String, chains: &[String]) {
     }
 }
 
-/// The jump rules missing from `kernel`, as restore lines, for `table`. With `kernel` `None`
-/// every jump is considered missing (dry runs, fresh nodes).
-fn missing_jumps(table: &str, kernel: Option<&KernelTable>, kube_firewall: bool) -> String {
+/// The jump rules missing from `kernel`, as restore lines, for `table` (`filter` or `nat`).
+/// With `kernel` `None` every jump is considered missing (dry runs, fresh nodes).
+///
+/// Like upstream's `EnsureRule(Prepend)` for each of [`KUBE_PROXY_JUMPS`] in turn, a
+/// missing jump goes to the top of its built-in chain, so those written here end up in the
+/// list's order, above the jumps the kernel already has. One departure, which only ever
+/// hardens a node: a jump to `KUBE-FIREWALL` that the kernel holds below one of our other
+/// jumps in its chain, or below where a missing one is about to be inserted (an older
+/// kube-proxy-rs appended it; a kubelet before 1.28 created it before kube-proxy's first
+/// sync), is deleted and inserted at the top again. Below them, a SYN from another host to
+/// `127.0.0.1:<health-check node port>` is accepted by `KUBE-NODEPORTS`, and one to a
+/// NodePort without endpoints is rejected by `KUBE-EXTERNAL-SERVICES`, before the localnet
+/// drop (CVE-2020-8558) sees them.
+///
+/// `KUBE-FIREWALL` is created (declared) here when the kernel lacks it and the render does
+/// not declare it (`render_declares_firewall`: the render writes the IPv4 localnet drop
+/// into it): upstream ensures the chain and its jumps in both families, empty in IPv6.
+fn missing_jumps(
+    table: &str,
+    kernel: Option<&KernelTable>,
+    render_declares_firewall: bool,
+) -> String {
     let mut out = String::new();
+    let in_table = |j: &&KubeProxyJump| j.table.name() == table;
     let mut chains: Vec<&str> = Vec::new();
-    for j in JUMP_RULES.iter().filter(|j| j.table == table) {
+    for j in KUBE_PROXY_JUMPS.iter().filter(in_table) {
         if !chains.contains(&j.chain) {
             chains.push(j.chain);
         }
     }
+    if table == "filter"
+        && !render_declares_firewall
+        && !kernel.is_some_and(|k| k.has_chain(KUBE_FIREWALL))
+    {
+        let _ = writeln!(out, ":{KUBE_FIREWALL} - [0:0]");
+    }
     for chain in chains {
-        let group: Vec<&JumpRule> = JUMP_RULES
+        let group: Vec<&KubeProxyJump> = KUBE_PROXY_JUMPS
             .iter()
-            .filter(|j| j.table == table && j.chain == chain)
-            .filter(|j| kube_firewall || j.target != KUBE_FIREWALL)
-            .filter(|j| !kernel.is_some_and(|k| k.has_rule(&j.canonical())))
+            .filter(in_table)
+            .filter(|j| j.chain == chain)
             .collect();
-        // Prepends in reverse so that the final order is the group's order.
-        for j in group
+        let position = |j: &KubeProxyJump| kernel.and_then(|k| k.rule_position(chain, j.rule));
+        let firewall_misplaced = group.iter().any(|j| {
+            j.target == KUBE_FIREWALL
+                && position(j).is_some_and(|at| {
+                    group.iter().filter(|o| o.target != KUBE_FIREWALL).any(|o| {
+                        // Another of our jumps above it, or one about to be inserted.
+                        position(o).is_none_or(|other| other < at)
+                    })
+                })
+        });
+        let missing: Vec<&&KubeProxyJump> = group
             .iter()
-            .rev()
-            .filter(|j| j.position == Position::Prepend)
-        {
-            // `-A CHAIN spec` → `-I CHAIN 1 spec`.
-            let line = j.canonical();
-            let _ = writeln!(out, "-I {} 1{}", j.chain, &line[3 + j.chain.len()..]);
+            .filter(|j| (firewall_misplaced && j.target == KUBE_FIREWALL) || position(j).is_none())
+            .collect();
+        if firewall_misplaced {
+            let _ = writeln!(out, "-D {chain} -j {KUBE_FIREWALL}");
         }
-        for j in group.iter().filter(|j| j.position == Position::Append) {
-            let _ = writeln!(out, "{}", j.canonical());
+        // Inserted at 1 in reverse, so that the final order is the group's order.
+        for j in missing.iter().rev() {
+            // `-A CHAIN spec` → `-I CHAIN 1 spec`.
+            let _ = writeln!(out, "-I {} 1{}", j.chain, &j.rule[3 + j.chain.len()..]);
         }
     }
     out
@@ -358,19 +267,18 @@ fn assemble_copy(head: &str, nat_rules: &str, tail: &str) -> String {
 /// Upstream's payload of a full sync, in one buffer: every chain we own declared and
 /// written, whatever the kernel holds (the proxier's own full sync leaves out the unchanged
 /// ones, see [`full`]). `kernel` is the state read with `iptables-save` (or `None` to assume a
-/// node without any of our rules); `kube_firewall` says whether `KUBE-FIREWALL` and its jumps
-/// are ours in this family. Returns the payload and the stale chains it deletes.
-pub fn full_payload(
-    rendered: &Rendered,
-    kernel: Option<&KernelTables>,
-    kube_firewall: bool,
-) -> (String, Vec<String>) {
+/// node without any of our rules). Returns the payload and the stale chains it deletes.
+pub fn full_payload(rendered: &Rendered, kernel: Option<&KernelTables>) -> (String, Vec<String>) {
     let stale = stale_in_kernel(kernel, &rendered.active_nat_chains);
     let (head, tail) = head_and_tail(
         &rendered.filter,
-        &missing_jumps("filter", kernel.map(|k| &k.filter), kube_firewall),
+        &missing_jumps(
+            "filter",
+            kernel.map(|k| &k.filter),
+            rendered.filter.chains.contains(KUBE_FIREWALL),
+        ),
         &rendered.nat,
-        &missing_jumps("nat", kernel.map(|k| &k.nat), kube_firewall),
+        &missing_jumps("nat", kernel.map(|k| &k.nat), false),
         &stale,
         false,
         true,
@@ -383,9 +291,8 @@ pub fn full_payload(
 pub fn full_payload_take(
     rendered: &mut Rendered,
     kernel: Option<&KernelTables>,
-    kube_firewall: bool,
 ) -> (String, Vec<String>) {
-    full_payload_take_with(rendered, kernel, kube_firewall, false)
+    full_payload_take_with(rendered, kernel, false)
 }
 
 /// [`full_payload_take`], optionally with `-Z` (zero the counters of every chain) as the
@@ -397,15 +304,18 @@ pub fn full_payload_take(
 pub fn full_payload_take_with(
     rendered: &mut Rendered,
     kernel: Option<&KernelTables>,
-    kube_firewall: bool,
     zero_counters_first: bool,
 ) -> (String, Vec<String>) {
     let stale = stale_in_kernel(kernel, &rendered.active_nat_chains);
     let (head, tail) = head_and_tail(
         &rendered.filter,
-        &missing_jumps("filter", kernel.map(|k| &k.filter), kube_firewall),
+        &missing_jumps(
+            "filter",
+            kernel.map(|k| &k.filter),
+            rendered.filter.chains.contains(KUBE_FIREWALL),
+        ),
         &rendered.nat,
-        &missing_jumps("nat", kernel.map(|k| &k.nat), kube_firewall),
+        &missing_jumps("nat", kernel.map(|k| &k.nat), false),
         &stale,
         zero_counters_first,
         true,

@@ -96,7 +96,10 @@ pub struct RenderConfig {
     pub nodeport_ips: Option<Vec<IpAddr>>,
     /// Write the `KUBE-FORWARD` INVALID drop (off when `nf_conntrack_tcp_be_liberal` is set).
     pub drop_invalid: bool,
-    /// Write the `KUBE-FIREWALL` chain (IPv4 only, as upstream).
+    /// This is the IPv4 ruleset: with `localhost_nodeports`, the render declares
+    /// `KUBE-FIREWALL` and writes the localnet drop into it, as upstream does in IPv4 only.
+    /// Otherwise it leaves the chain to `reconcile`, which creates it empty where missing
+    /// (upstream's `EnsureChain` in both families) without flushing what it holds.
     pub kube_firewall: bool,
     /// The nfacct counter [`NFACCT_CT_STATE_INVALID_DROPPED`] exists: the INVALID drop
     /// counts into it (`-m nfacct --nfacct-name ct_state_invalid_dropped_pkts` before
@@ -902,7 +905,7 @@ fn render_impl(
         chains: FILTER_CHAINS.into_iter().collect(),
         ..TableRules::default()
     };
-    if cfg.kube_firewall {
+    if cfg.kube_firewall && cfg.localhost_nodeports {
         filter.chains.push(KUBE_FIREWALL);
     }
     // The fixed nat chains are declared first; the per-Service ones follow in `svc_nat`.

@@ -9,7 +9,7 @@ use kp_model::{
 };
 use kp_netfilter::{FakeIptables, IpVersion, Iptables, Table};
 use kp_testkit::builders::{ServiceBuilder, SliceBuilder, ip};
-use kp_testkit::golden::{SEED_EXPECTED_IPTABLES, assert_contains_in_chain_order, rule_lines};
+use kp_testkit::golden::{assert_contains_in_chain_order, seed_expected_lines};
 use kp_track::Tracker;
 
 use super::*;
@@ -88,7 +88,7 @@ fn first_sync_produces_upstreams_seed_rules() {
     assert!(report.full);
     assert_eq!(report.service_ports, 1);
     assert_eq!(report.endpoints, 2);
-    assert_contains_in_chain_order(&save(&p), &rule_lines(SEED_EXPECTED_IPTABLES));
+    assert_contains_in_chain_order(&save(&p), &seed_expected_lines());
 }
 
 #[test]
@@ -485,7 +485,7 @@ fn a_flushed_table_is_noticed_and_the_next_sync_repairs_it() {
         let report = p.sync(&snap, &changes).unwrap();
         assert!(report.full, "{table}: the repair is a full sync");
         assert_eq!(save_all(&p), good, "{table}: everything is back");
-        assert_contains_in_chain_order(&save(&p), &rule_lines(SEED_EXPECTED_IPTABLES));
+        assert_contains_in_chain_order(&save(&p), &seed_expected_lines());
         assert!(!p.check_dataplane().unwrap());
     }
 }
@@ -617,7 +617,7 @@ fn without_nfacct_the_rules_are_the_seeds() {
         assert_eq!(p.nfacct_counters(), NfacctCounters::default());
         let saved = save(&p);
         assert!(!saved.contains("nfacct"), "{saved}");
-        assert_contains_in_chain_order(&saved, &rule_lines(SEED_EXPECTED_IPTABLES));
+        assert_contains_in_chain_order(&saved, &seed_expected_lines());
     }
 }
 
@@ -943,7 +943,7 @@ fn small_clusters_get_upstreams_rules_in_the_tree_layout() {
     let mut up = proxier(FakeIptables::new(IpVersion::V4));
     up.sync(&snap, &changes).unwrap();
     assert_eq!(save(&p), save(&up));
-    assert_contains_in_chain_order(&save(&p), &rule_lines(SEED_EXPECTED_IPTABLES));
+    assert_contains_in_chain_order(&save(&p), &seed_expected_lines());
 }
 
 /// 1,200 Services × 4 endpoints, every third with a NodePort: a payload of about 2 MiB.
@@ -997,11 +997,8 @@ fn a_streamed_full_sync_writes_the_payload_of_one_buffer() {
         let report = p.sync(&snap, &changes).unwrap();
         let sent = p.runner().last_payload().unwrap();
         let cfg = p.render_config(&snap).unwrap();
-        let (expected, stale) = reconcile::full_payload(
-            &render::render(&snap, &cfg, None),
-            Some(&kernel),
-            cfg.kube_firewall,
-        );
+        let (expected, stale) =
+            reconcile::full_payload(&render::render(&snap, &cfg, None), Some(&kernel));
         assert!(sent.len() > 1 << 20, "{} bytes", sent.len());
         assert_eq!(
             String::from_utf8(sent.clone()).unwrap(),
@@ -1207,8 +1204,7 @@ fn a_full_resync_repairs_drift_anywhere_and_rewrites_only_the_drifted_chains() {
             ..KernelTables::default()
         };
         let cfg = p.render_config(&snap).unwrap();
-        let upstream =
-            reconcile::full_payload(&render::render(&snap, &cfg, None), Some(&kernel), true).0;
+        let upstream = reconcile::full_payload(&render::render(&snap, &cfg, None), Some(&kernel)).0;
         reference.restore(upstream.as_bytes()).unwrap();
         let full = Changes {
             full_resync_needed: true,

@@ -42,7 +42,7 @@ use std::fmt::Write as _;
 use kp_netfilter::Table;
 
 use super::super::canary::{CANARY_TABLES, KUBE_PROXY_CANARY};
-use super::super::names::is_service_chain;
+use super::super::names::{KUBE_FIREWALL, is_service_chain};
 use super::super::render::{
     FastBuild, RenderCache, RenderConfig, Rendered, ServiceRules, Stream, render_streamed,
 };
@@ -194,8 +194,6 @@ pub enum Layout {
 /// Settings of a full sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Options {
-    /// `KUBE-FIREWALL` and its jumps are ours in this family (IPv4).
-    pub kube_firewall: bool,
     /// Start each table with `-Z` (never split).
     pub zero_counters: bool,
     /// Split the nat table ([`Layout::Split`]) when it is longer than the policy's threshold.
@@ -301,7 +299,7 @@ pub fn plan(
     filter_block.push_str(&missing_jumps(
         "filter",
         kernel.as_deref().map(|k| &k.filter),
-        opts.kube_firewall,
+        rendered.filter.chains.contains(KUBE_FIREWALL),
     ));
     for line in rendered.filter.rules.lines() {
         let chain = rule_chain(line);
@@ -370,7 +368,7 @@ pub fn plan(
             unsplit = Some(format!("a per-Service chain jumps to chain {t}"));
         }
     }
-    let nat_jumps = missing_jumps("nat", kernel.as_deref().map(|k| &k.nat), opts.kube_firewall);
+    let nat_jumps = missing_jumps("nat", kernel.as_deref().map(|k| &k.nat), false);
     let nat_lines = fixed_lines
         + measured.lines
         + 2 * stale.len()

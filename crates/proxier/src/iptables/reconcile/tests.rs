@@ -36,18 +36,37 @@ fn fresh_node_gets_every_jump_in_upstream_order() {
     let (p, stale) = full_payload(
         &rendered(&["KUBE-SERVICES", "KUBE-SVC-A"], &["KUBE-SVC-A"]),
         None,
-        true,
     );
     assert!(stale.is_empty());
     let input: Vec<&str> = p.lines().filter(|l| l.contains(" INPUT ")).collect();
-    // Inserted at the top in reverse, so the final order is firewall, nodeports, external.
+    // Inserted at the top in reverse, so the final order is the localnet guard
+    // (KUBE-FIREWALL, as upstream's prepend of kubelet's jump chains leaves it), the load
+    // balancer firewall, nodeports, external.
     assert_eq!(
         input,
         [
             "-I INPUT 1 -m conntrack --ctstate NEW -m comment --comment \"kubernetes externally-visible service portals\" -j KUBE-EXTERNAL-SERVICES",
             "-I INPUT 1 -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS",
             "-I INPUT 1 -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
-            "-A INPUT -j KUBE-FIREWALL",
+            "-I INPUT 1 -j KUBE-FIREWALL",
+        ]
+    );
+    let output: Vec<&str> = p.lines().filter(|l| l.contains(" OUTPUT ")).collect();
+    assert_eq!(
+        output
+            .iter()
+            .filter(|l| l.contains("filter")
+                || l.starts_with("-I OUTPUT 1 -j KUBE-FIREWALL")
+                || l.contains("KUBE-PROXY-FIREWALL")
+                || l.contains(
+                    "conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\""
+                ))
+            .copied()
+            .collect::<Vec<_>>(),
+        [
+            "-I OUTPUT 1 -m conntrack --ctstate NEW -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+            "-I OUTPUT 1 -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
+            "-I OUTPUT 1 -j KUBE-FIREWALL",
         ]
     );
     assert!(p.contains("*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-A - [0:0]\n"));
@@ -93,7 +112,6 @@ fn existing_jumps_are_not_duplicated_and_stale_chains_deleted() {
     let (p, stale) = full_payload(
         &rendered(&["KUBE-SERVICES", "KUBE-SVC-A"], &["KUBE-SVC-A"]),
         Some(&kernel),
-        true,
     );
     assert_eq!(stale, ["KUBE-SEP-OLD", "KUBE-SVC-OLD"]);
     assert!(!p.contains("-A INPUT -j KUBE-FIREWALL"));
@@ -109,10 +127,134 @@ fn existing_jumps_are_not_duplicated_and_stale_chains_deleted() {
     assert!(!p.contains("CALICO"), "chains of others are never touched");
 }
 
+/// The jumps into (and deletions from) filter chain `chain` in `payload`, in the order they
+/// are written.
+fn jumps_written<'a>(payload: &'a str, chain: &str) -> Vec<&'a str> {
+    let filter = payload.split("COMMIT\n").next().unwrap_or_default();
+    filter
+        .lines()
+        .filter(|l| {
+            l.starts_with(&format!("-I {chain} 1 ")) || l.starts_with(&format!("-D {chain} "))
+        })
+        .collect()
+}
+
+/// The kube-proxy jumps of `chain` as a kernel holds them, in `order` (indices into the
+/// chain's group of [`KUBE_PROXY_JUMPS`]).
+fn kernel_jumps(chain: &str, order: &[usize]) -> Vec<(String, String, Option<String>)> {
+    let group: Vec<_> = KUBE_PROXY_JUMPS
+        .iter()
+        .filter(|j| j.table == kp_netfilter::Table::Filter && j.chain == chain)
+        .collect();
+    order
+        .iter()
+        .map(|&i| {
+            (
+                chain.to_string(),
+                group[i].rule.to_string(),
+                Some(group[i].target.to_string()),
+            )
+        })
+        .collect()
+}
+
+fn filter_with(rules: Vec<(String, String, Option<String>)>) -> KernelTables {
+    KernelTables {
+        filter: KernelTable {
+            chains: ["INPUT", "FORWARD", "OUTPUT", "KUBE-FIREWALL"]
+                .into_iter()
+                .map(str::to_string)
+                .collect(),
+            rules,
+            ..KernelTable::default()
+        },
+        ..KernelTables::default()
+    }
+}
+
+/// CVE-2020-8558 hardening: the jump to `KUBE-FIREWALL` ends up above our other jumps in
+/// INPUT and OUTPUT, also where the kernel holds it below them (an older kube-proxy-rs
+/// appended it) or where it exists alone and ours are about to be inserted above it (a
+/// kubelet before 1.28 created it first); where it already is first, nothing is written.
 #[test]
-fn no_kube_firewall_in_v6() {
-    let (p, _) = full_payload(&rendered(&["KUBE-SERVICES"], &[]), None, false);
-    assert!(!p.contains("KUBE-FIREWALL\n") || !p.contains("-j KUBE-FIREWALL"));
+fn kube_firewall_jump_is_moved_above_our_jumps() {
+    let r = rendered(&["KUBE-SERVICES"], &[]);
+    for chain in ["INPUT", "OUTPUT"] {
+        let n = KUBE_PROXY_JUMPS
+            .iter()
+            .filter(|j| j.table == kp_netfilter::Table::Filter && j.chain == chain)
+            .count();
+        assert_eq!(
+            KUBE_PROXY_JUMPS
+                .iter()
+                .find(|j| j.chain == chain)
+                .unwrap()
+                .target,
+            "KUBE-FIREWALL"
+        );
+        // In place: first. Nothing to do in this chain.
+        let in_place: Vec<usize> = (0..n).collect();
+        let (p, _) = full_payload(&r, Some(&filter_with(kernel_jumps(chain, &in_place))));
+        assert!(
+            jumps_written(&p, chain).is_empty(),
+            "{chain}:
+{p}"
+        );
+        // Last (as kube-proxy-rs before this fix appended it): moved to the top.
+        let last: Vec<usize> = (1..n).chain([0]).collect();
+        let (p, _) = full_payload(&r, Some(&filter_with(kernel_jumps(chain, &last))));
+        assert_eq!(
+            jumps_written(&p, chain),
+            [
+                format!("-D {chain} -j KUBE-FIREWALL"),
+                format!("-I {chain} 1 -j KUBE-FIREWALL")
+            ],
+            "{chain}:\n{p}"
+        );
+        // Alone (kubelet's), ours missing: ours go in, then it above them.
+        let (p, _) = full_payload(&r, Some(&filter_with(kernel_jumps(chain, &[0]))));
+        let written = jumps_written(&p, chain);
+        assert_eq!(
+            written.first().copied(),
+            Some(format!("-D {chain} -j KUBE-FIREWALL").as_str())
+        );
+        assert_eq!(
+            written.last().copied(),
+            Some(format!("-I {chain} 1 -j KUBE-FIREWALL").as_str())
+        );
+        assert_eq!(written.len(), n + 1, "{chain}:\n{p}");
+        // Missing with ours in place: inserted above them.
+        let (p, _) = full_payload(&r, Some(&filter_with(kernel_jumps(chain, &in_place[1..]))));
+        assert_eq!(
+            jumps_written(&p, chain),
+            [format!("-I {chain} 1 -j KUBE-FIREWALL")]
+        );
+    }
+}
+
+/// IPv6 (and IPv4 without localhost NodePorts): the render writes no `KUBE-FIREWALL`, but
+/// upstream still ensures the chain and its jumps (empty in IPv6): declared where the kernel
+/// lacks it, never flushed where it has it.
+#[test]
+fn empty_kube_firewall_and_its_jumps_without_the_localnet_drop() {
+    let mut r = rendered(&["KUBE-SERVICES"], &[]);
+    r.filter = TableRules {
+        chains: ["KUBE-SERVICES"].into_iter().collect(),
+        ..TableRules::default()
+    };
+    let (p, _) = full_payload(&r, None);
+    assert!(
+        p.contains("*filter\n:KUBE-SERVICES - [0:0]\n:KUBE-FIREWALL - [0:0]\n"),
+        "{p}"
+    );
+    assert!(!p.contains("-A KUBE-FIREWALL"), "{p}");
+    assert!(
+        p.contains("-I INPUT 1 -j KUBE-FIREWALL\n") && p.contains("-I OUTPUT 1 -j KUBE-FIREWALL\n")
+    );
+    // A kernel that has the chain (kubelet's, with its own rules) keeps its contents.
+    let (p, _) = full_payload(&r, Some(&filter_with(Vec::new())));
+    assert!(!p.contains(":KUBE-FIREWALL"), "{p}");
+    assert!(p.contains("-I INPUT 1 -j KUBE-FIREWALL\n"));
 }
 
 #[test]
@@ -254,9 +396,9 @@ fn cleanup_of_a_clean_node_does_nothing() {
 #[test]
 fn zero_counters_first_only_when_asked() {
     let mut r = rendered(&["KUBE-SERVICES", "KUBE-SVC-A"], &["KUBE-SVC-A"]);
-    let (plain, _) = full_payload_take(&mut r.clone(), None, true);
+    let (plain, _) = full_payload_take(&mut r.clone(), None);
     assert!(!plain.contains("-Z"));
-    let (p, _) = full_payload_take_with(&mut r, None, true, true);
+    let (p, _) = full_payload_take_with(&mut r, None, true);
     assert!(p.starts_with("*filter\n-Z\n:KUBE-SERVICES - [0:0]\n"));
     assert!(p.contains("*nat\n-Z\n:KUBE-SERVICES - [0:0]\n"));
     assert_eq!(p.replace("-Z\n", ""), plain, "nothing else changes");

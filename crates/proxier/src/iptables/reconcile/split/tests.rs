@@ -96,7 +96,7 @@ fn kernel(fake: &FakeIptables) -> KernelTables {
 /// nat transaction.
 fn full(fake: &FakeIptables, snap: &Snapshot) -> String {
     let rendered = render::render(snap, &cfg(), None);
-    full_payload(&rendered, Some(&kernel(fake)), true).0
+    full_payload(&rendered, Some(&kernel(fake))).0
 }
 
 /// The proxier's full sync of `snap` against what `fake` holds, with `policy`.
@@ -112,7 +112,6 @@ fn sync_payload(
         &mut RenderCache::new(),
         Some(&mut k),
         &Options {
-            kube_firewall: true,
             zero_counters: false,
             split: policy,
         },
@@ -436,7 +435,7 @@ fn transactions_go_leaves_services_entry_then_stale() {
         ..cfg()
     };
     fake.restore(
-        full_payload(&render::render(&old, &old_cfg, None), None, true)
+        full_payload(&render::render(&old, &old_cfg, None), None)
             .0
             .as_bytes(),
     )
@@ -585,7 +584,6 @@ fn small_zeroed_or_irregular_payloads_are_one_transaction() {
         &mut RenderCache::new(),
         Some(&mut k),
         &Options {
-            kube_firewall: true,
             zero_counters: true,
             split: Some(FINE),
         },
@@ -621,7 +619,6 @@ fn small_zeroed_or_irregular_payloads_are_one_transaction() {
             None,
             &measured,
             &Options {
-                kube_firewall: true,
                 zero_counters: false,
                 split: Some(FINE),
             },
