@@ -10,7 +10,8 @@
 //! Decoding follows upstream's `loadConfig`: a field the type does not have is not fatal
 //! (upstream decodes strictly, then, on a strict-decoding error, decodes v1alpha1 leniently
 //! and logs the error); it is logged as a warning naming the field's path
-//! ([`Note::UnknownField`]). A known field with a value of the wrong type, a wrong
+//! ([`Note::UnknownField`]); so is a field repeated in one mapping, whose last value is used
+//! ([`Note::DuplicateField`]). A known field with a value of the wrong type, a wrong
 //! `apiVersion` or `kind`, or a value out of range is an error naming the field.
 //!
 //! Precedence is upstream's (`cmd/kube-proxy/app/options.go` `Complete`): with `--config`
@@ -645,6 +646,12 @@ pub enum Note {
         /// The field's path in the file.
         path: String,
     },
+    /// A field given twice in one mapping (the first one found): the last value is used, as
+    /// upstream's lenient decoding does after its strict decoding rejects the repetition.
+    DuplicateField {
+        /// The repeated key.
+        key: String,
+    },
     /// An upstream flag given on the command line with `--config`: ignored, as upstream
     /// ignores it; `field` is where the file sets it.
     IgnoredFlag {
@@ -670,6 +677,12 @@ impl fmt::Display for Note {
                 "unknown field \"{}\" in the configuration file: ignored, as kube-proxy's \
                  lenient decoding of v1alpha1 ignores it (check its spelling and indentation)",
                 Escaped(path)
+            ),
+            Note::DuplicateField { key } => write!(
+                f,
+                "field \"{}\" appears twice in one mapping of the configuration file: the last \
+                 value is used, as kube-proxy's lenient decoding of v1alpha1 does",
+                Escaped(key)
             ),
             Note::IgnoredFlag { flag, field } => write!(
                 f,
@@ -735,15 +748,32 @@ impl KubeProxyConfiguration {
     }
 
     /// Parses and validates config text; returns the configuration and one
-    /// [`Note::UnknownField`] per field it does not know, sorted by path.
+    /// [`Note::UnknownField`] per field it does not know, sorted by path (after a
+    /// [`Note::DuplicateField`] when a mapping repeats a key: the last value is used).
     ///
     /// # Errors
     /// As [`load`](Self::load).
     pub fn parse(text: &str) -> anyhow::Result<(Self, Vec<Note>)> {
-        let mut value: serde_json::Value =
-            serde_saphyr::from_str(text).map_err(|e| anyhow::anyhow!("cannot parse YAML: {e}"))?;
-        strip_nulls(&mut value);
         let mut unknown = Vec::new();
+        let mut value: serde_json::Value = match serde_saphyr::from_str(text) {
+            Ok(v) => v,
+            // Upstream's strict decoding rejects a repeated field, and its lenient decoding
+            // keeps the last value: so here, with a warning.
+            Err(e) => match e.without_snippet() {
+                serde_saphyr::Error::DuplicateMappingKey { key, .. } => {
+                    unknown.push(Note::DuplicateField {
+                        key: key.clone().unwrap_or_default(),
+                    });
+                    let options = serde_saphyr::options! {
+                        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::LastWins,
+                    };
+                    serde_saphyr::from_str_with_options(text, options)
+                        .map_err(|e| anyhow::anyhow!("cannot parse YAML: {e}"))?
+                }
+                _ => bail!("cannot parse YAML: {e}"),
+            },
+        };
+        strip_nulls(&mut value);
         let mut record = |path: serde_ignored::Path<'_>| {
             unknown.push(Note::UnknownField {
                 path: path.to_string(),
@@ -1687,6 +1717,14 @@ detectLocalMode: ""
         assert!(e.contains("auto, nft, legacy"), "{e}");
         let e = err("apiVersion: v1\nkind: ConfigMap\n");
         assert!(e.contains("apiVersion"), "{e}");
+
+        // A repeated field: the last value, with a note, as upstream's lenient decoding.
+        let (cfg, notes) = KubeProxyConfiguration::parse(&format!(
+            "{BASE}mode: iptables\nclusterCIDR: 10.0.0.0/16\nmode: nftables\n"
+        ))
+        .unwrap();
+        assert_eq!(cfg.mode, "nftables");
+        assert_eq!(notes, [Note::DuplicateField { key: "mode".into() }]);
     }
 
     #[test]

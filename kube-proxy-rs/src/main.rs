@@ -87,8 +87,12 @@ fn main() -> ExitCode {
     if let Some(path) = cli.proxy.write_config_to.clone() {
         if let Some(loaded) = &cli.proxy.config_loaded {
             for note in &loaded.notes {
+                let level = match note {
+                    config::Note::NoEffect { .. } => "note",
+                    _ => "warning",
+                };
                 eprintln!(
-                    "warning: --config {}: {note}",
+                    "{level}: --config {}: {note}",
                     kp_model::Escaped(&loaded.path.display().to_string())
                 );
             }
