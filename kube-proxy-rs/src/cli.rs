@@ -1,5 +1,7 @@
 //! Command line: upstream kube-proxy's flags (same names, same defaults) plus our own
-//! (`--manifests`, `--dry-run`, `--once`, `--iptables-backend`) and subcommands.
+//! (`--manifests`, `--dry-run`, `--once`, `--iptables-backend`) and subcommands. With
+//! `--config`, which flags still count is upstream's rule (`crate::config`); our own
+//! settings have fields in the file's `kubeProxyRs` section.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -228,9 +230,18 @@ pub enum IptablesDispatchArg {
 #[derive(Debug, Args)]
 pub struct ProxyArgs {
     /// A KubeProxyConfiguration file (kubeproxy.config.k8s.io/v1alpha1), as upstream
-    /// kube-proxy reads; flags given on the command line override its values.
+    /// kube-proxy reads. As upstream, the file is then the configuration: of upstream's
+    /// flags only --hostname-override, --master and the logging flags override it (others
+    /// given are ignored, with a warning); kube-proxy-rs's own flags override its
+    /// `kubeProxyRs` section. Unknown fields are warnings. The daemon exits (status 1) when
+    /// the file's content changes, so that it is restarted with it.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
+
+    /// The `--config` file as read at start (set by `main`, not a flag): its bytes, which
+    /// the daemon watches, and the notes to log.
+    #[arg(skip)]
+    pub config_loaded: Option<crate::config::Loaded>,
 
     /// Write the effective configuration (defaults, the config file and flags) to FILE as a
     /// KubeProxyConfiguration, then exit.
@@ -265,12 +276,14 @@ pub struct ProxyArgs {
     /// Read Services, EndpointSlices and Nodes from this YAML file or directory (as
     /// `kubectl get -o yaml` prints them) instead of the API server; re-read on change.
     /// Without it, the proxy watches the API server (--kubeconfig, --master or in-cluster).
+    /// Config file: `kubeProxyRs.manifests`.
     #[arg(long, value_name = "PATH")]
     pub manifests: Option<PathBuf>,
 
     /// With --manifests: how long a file that is still there but became empty, or lost
     /// every object it defined, keeps its objects (a file rewritten in place is empty for a
     /// moment); a warning says so. 0 removes them at once. Deleting a file always does.
+    /// Config file: `kubeProxyRs.manifestGracePeriod`.
     #[arg(long, allow_hyphen_values = true, default_value = "10s", value_parser = parse_duration, value_name = "DURATION")]
     pub manifest_grace_period: Duration,
 
@@ -278,6 +291,7 @@ pub struct ProxyArgs {
     /// with a broken file still serves what it last defined (the error names the copy and
     /// its Services); empty: nowhere. The daemon only: --dry-run and --once neither read nor
     /// write it.
+    /// Config file: `kubeProxyRs.stateDir`.
     #[arg(long, default_value = kp_source::state_dir::DEFAULT_STATE_DIR, value_name = "DIR")]
     pub state_dir: String,
 
@@ -340,6 +354,7 @@ pub struct ProxyArgs {
     pub conntrack_tcp_be_liberal: bool,
 
     /// Which iptables binaries to run.
+    /// Config file: `kubeProxyRs.iptablesBackend`.
     #[arg(long, value_enum, default_value = "auto")]
     pub iptables_backend: IptablesBackendArg,
 
@@ -349,6 +364,7 @@ pub struct ProxyArgs {
     /// each full sync (start-up, hourly, after a failure). No longer needed for speed: without
     /// it, large full syncs on the nf_tables backend are split into several transactions,
     /// which is as fast or faster and keeps counters. See docs/benchmarks.md. Off by default.
+    /// Config file: `kubeProxyRs.iptablesZeroCountersOnFullSync`.
     #[arg(long)]
     pub iptables_zero_counters_on_full_sync: bool,
 
@@ -358,7 +374,7 @@ pub struct ProxyArgs {
     /// balanced tree of `KUBE-SVT-` chains keyed on the destination address (and port where
     /// addresses repeat): a new connection crosses O(log n) rules, and a one-Service change
     /// rewrites only the chains on its path. The per-Service chains are the same in both.
-    /// No config-file field (upstream has none). See docs/iptables.md.
+    /// Config file: `kubeProxyRs.iptablesDispatch`. See docs/iptables.md.
     #[arg(long, value_enum, default_value = "upstream")]
     pub iptables_dispatch: IptablesDispatchArg,
 
@@ -488,6 +504,7 @@ pub struct CompatArgs {
     /// Userspace mode: TCP connections and UDP flows the proxy keeps open at once, over all
     /// Service ports; past it new ones are refused (reset), logged and counted in
     /// kube_proxy_rs_userspace_rejected_connections_total (kube-proxy-rs only).
+    /// Config file: `kubeProxyRs.userspaceMaxConnections`.
     #[arg(long, default_value_t = 20000, value_name = "N")]
     pub userspace_max_connections: usize,
 

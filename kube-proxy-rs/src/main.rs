@@ -7,6 +7,7 @@ mod arena;
 mod cli;
 mod compat;
 mod config;
+mod config_watch;
 mod ipvs_mode;
 mod nfacct;
 mod nodesetup;
@@ -51,15 +52,22 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    // --config: the file's values for every flag not given on the command line.
+    // --config: the file is the configuration, as upstream (see config::apply for the flags
+    // that still override it); what to log about it waits for the logger.
     if let Some(path) = cli.proxy.config.clone() {
         let explicit =
             |id: &str| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
-        if let Err(e) = config::KubeProxyConfiguration::load(&path)
-            .and_then(|c| config::apply(&c, &mut cli.proxy, explicit))
-        {
-            eprintln!("error: {e:#}");
-            return ExitCode::FAILURE;
+        match config::KubeProxyConfiguration::load(&path).and_then(|(c, mut loaded)| {
+            loaded
+                .notes
+                .extend(config::apply(&c, &mut cli.proxy, explicit)?);
+            Ok(loaded)
+        }) {
+            Ok(loaded) => cli.proxy.config_loaded = Some(loaded),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                return ExitCode::FAILURE;
+            }
         }
     }
     compat::apply_deprecated_ports(&mut cli.proxy);
@@ -77,6 +85,18 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     if let Some(path) = cli.proxy.write_config_to.clone() {
+        if let Some(loaded) = &cli.proxy.config_loaded {
+            for note in &loaded.notes {
+                let level = match note {
+                    config::Note::NoEffect { .. } => "note",
+                    _ => "warning",
+                };
+                eprintln!(
+                    "{level}: --config {}: {note}",
+                    kp_model::Escaped(&loaded.path.display().to_string())
+                );
+            }
+        }
         let written = config::from_args(&cli.proxy).to_yaml().and_then(|yaml| {
             std::fs::write(&path, yaml)
                 .map_err(|e| anyhow::anyhow!("--write-config-to {}: {e}", path.display()))
@@ -113,8 +133,16 @@ fn main() -> ExitCode {
                     arena::ARENA_MAX
                 );
             }
+            if let Some(loaded) = &cli.proxy.config_loaded {
+                for note in &loaded.notes {
+                    note.log(&loaded.path);
+                }
+            }
+            // With --config, a flag the file overrides was noted as ignored just above.
+            let with_config = cli.proxy.config.is_some();
             compat::log_noop_flags(&cli.proxy, |id| {
                 matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+                    && !(with_config && config::FILE_WINS.iter().any(|(i, _, _)| *i == id))
             });
             compat::log_feature_gates(&cli.proxy.feature_gates);
             proxy::run(cli.proxy)

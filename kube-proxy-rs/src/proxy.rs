@@ -850,6 +850,12 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         });
         let signal = shutdown_signal();
         tokio::pin!(signal);
+        // As upstream, the daemon exits when its --config file changes, to be restarted with it.
+        let config_changed = crate::config_watch::changed(
+            args.config_loaded.take().filter(|_| mode == RunMode::Daemon),
+        );
+        tokio::pin!(config_changed);
+        let mut config_done = false;
         let mut result: anyhow::Result<()> = Ok(());
         let mut source_done = false;
         // A completed future must not be polled again: each branch runs once.
@@ -858,6 +864,11 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             tokio::select! {
                 () = &mut signal, if !signalled => {
                     signalled = true;
+                    let _ = stop_tx.send(true);
+                }
+                e = &mut config_changed, if !config_done => {
+                    config_done = true;
+                    result = Err(e);
                     let _ = stop_tx.send(true);
                 }
                 s = &mut source, if !source_done => {

@@ -81,7 +81,9 @@ fn kubeadm_daemonset_command_line_is_accepted() {
     .unwrap();
     let config_flag = format!("--config={}", config.display());
 
-    // kubeadm's own two flags plus every other upstream flag: the effective configuration.
+    // kubeadm's own two flags plus every other upstream flag. As upstream, the file is the
+    // configuration: only --hostname-override and the logging flags override it; every
+    // other upstream flag is ignored, each with a warning.
     let written = dir.path().join("effective.conf");
     let write_flag = format!("--write-config-to={}", written.display());
     let mut args = vec![config_flag.as_str(), write_flag.as_str()];
@@ -89,30 +91,55 @@ fn kubeadm_daemonset_command_line_is_accepted() {
     let (rc, _, err) = run(&args);
     assert_eq!(rc, Some(0), "{err}");
     let text = std::fs::read_to_string(&written).unwrap();
-    // Flags given on the command line override the file.
-    assert!(text.contains("clusterCIDR: 10.0.0.0/16"), "{text}");
-    assert!(text.contains("maxPerCore: 32768"), "{text}");
-    assert!(text.contains("oomScoreAdj: -999"), "{text}");
-    assert!(text.contains("NFTablesProxyMode: true"), "{text}");
-    assert!(text.contains("scheduler: rr"), "{text}");
+    assert!(text.contains("clusterCIDR: 10.244.0.0/16"), "{text}");
+    assert!(text.contains("maxPerCore: 1000"), "{text}");
+    assert!(text.contains("oomScoreAdj: -500"), "{text}");
+    assert!(text.contains("TopologyAwareHints: true"), "{text}");
+    assert!(!text.contains("NFTablesProxyMode"), "{text}");
+    assert!(text.contains("hostnameOverride: k8s-master"), "{text}");
+    assert!(
+        text.contains("verbosity: 2"),
+        "-v overrides the file: {text}"
+    );
+    for flag in [
+        "--cluster-cidr",
+        "--conntrack-max-per-core",
+        "--feature-gates",
+        "--proxy-mode",
+    ] {
+        assert!(
+            err.contains(&format!("{flag} is ignored: with --config")),
+            "{flag}: {err}"
+        );
+    }
+    assert!(!err.contains("--hostname-override is ignored"), "{err}");
 
-    // Without the flags, the file's values are used.
+    // Without the flags, the same file's values, and no warning.
     let (rc, _, err) = run(&[config_flag.as_str(), write_flag.as_str()]);
     assert_eq!(rc, Some(0), "{err}");
+    assert!(!err.contains("is ignored"), "{err}");
     let text = std::fs::read_to_string(&written).unwrap();
     assert!(text.contains("maxPerCore: 1000"), "{text}");
     assert!(text.contains("oomScoreAdj: -500"), "{text}");
     assert!(text.contains("TopologyAwareHints: true"), "{text}");
 
-    // The same command line runs (--dry-run against the seed manifests): unknown gates and
+    // The same command line runs (--dry-run against the seed manifests): ignored flags and
     // no-op flags are logged, not fatal.
     let mut args = vec!["--manifests", SEED, "--dry-run", config_flag.as_str()];
     args.extend(UPSTREAM_FLAGS);
     let (rc, out, err) = run(&args);
     assert_eq!(rc, Some(0), "{err}");
     assert!(out.contains("KUBE-SERVICES"), "{out}");
-    assert!(err.contains("SomeFutureGate"), "{err}");
+    assert!(err.contains("--feature-gates is ignored"), "{err}");
     assert!(err.contains("--vmodule"), "{err}");
+
+    // Without --config every flag counts: unknown gates are logged, not fatal.
+    let mut args = vec!["--manifests", SEED, "--dry-run"];
+    args.extend(UPSTREAM_FLAGS);
+    let (rc, out, err) = run(&args);
+    assert_eq!(rc, Some(0), "{err}");
+    assert!(out.contains("! -s 10.0.0.0/16"), "{out}");
+    assert!(err.contains("SomeFutureGate"), "{err}");
 }
 
 #[test]
