@@ -209,11 +209,13 @@ pub enum DetectLocalModeArg {
 /// Which iptables binaries to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum IptablesBackendArg {
-    /// `iptables-restore` as found on PATH (Debian: the nf_tables backend).
+    /// The backend this node uses, as upstream's image finds it (iptables-wrapper): kubelet's
+    /// KUBE-IPTABLES-HINT or KUBE-KUBELET-CANARY chain, else the backend with more rules, else
+    /// nf_tables. kube-proxy's chains in the other backend are removed.
     Auto,
-    /// `iptables-nft-restore`.
+    /// `iptables-nft*` (nf_tables); kube-proxy's chains in the legacy backend are removed.
     Nft,
-    /// `iptables-legacy-restore`.
+    /// `iptables-legacy*`; kube-proxy's chains in the nf_tables backend are removed.
     Legacy,
 }
 
@@ -353,7 +355,9 @@ pub struct ProxyArgs {
     #[arg(long, num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", action = ArgAction::Set)]
     pub conntrack_tcp_be_liberal: bool,
 
-    /// Which iptables binaries to run.
+    /// Which iptables binaries to run (iptables, IPVS and userspace modes). `auto` detects
+    /// the node's backend at start and logs the choice and why; --cleanup and nftables mode
+    /// clean both backends with `auto`.
     /// Config file: `kubeProxyRs.iptablesBackend`.
     #[arg(long, value_enum, default_value = "auto")]
     pub iptables_backend: IptablesBackendArg,

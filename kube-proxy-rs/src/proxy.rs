@@ -17,7 +17,7 @@ use kp_proxier::{Host, LocalDetector, NodePortAddresses, Proxier, RealHost};
 use kp_runtime::{RunMode, RunnerConfig, SyncLoop};
 use kp_track::Tracker;
 use tokio::sync::mpsc;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::cli::{
     DetectLocalModeArg, IptablesBackendArg, IptablesDispatchArg, ProxyArgs, ProxyModeArg,
@@ -164,12 +164,97 @@ pub fn nftables_config(
     })
 }
 
+/// The backend `--iptables-backend` names: [`Backend::Default`] for `auto`, which
+/// [`choose_backend`] resolves for the modes that program iptables, and which the cleanups of
+/// `--cleanup` and nftables mode take as "both backends".
 fn backend(arg: IptablesBackendArg) -> Backend {
     match arg {
         IptablesBackendArg::Auto => Backend::Default,
         IptablesBackendArg::Nft => Backend::Nft,
         IptablesBackendArg::Legacy => Backend::Legacy,
     }
+}
+
+/// The backend the iptables, IPVS and userspace modes program: the one `--iptables-backend`
+/// names, or with `auto` the one this node uses ([`kp_netfilter::detect_backend`]: kubelet's
+/// `KUBE-IPTABLES-HINT`/`KUBE-KUBELET-CANARY` chains, else the backend holding more rules,
+/// else nf_tables; iptables-wrapper's choice). The choice and its reason are logged.
+///
+/// A dry run without CAP_NET_ADMIN cannot read the node's rules: it takes `iptables` as found
+/// on PATH (only its version shapes the payload).
+pub fn choose_backend(arg: IptablesBackendArg, dry_run: bool) -> Backend {
+    match arg {
+        IptablesBackendArg::Nft | IptablesBackendArg::Legacy => {
+            let backend = backend(arg);
+            info!(
+                backend = backend.name(),
+                "iptables backend: {} (--iptables-backend)",
+                backend.name()
+            );
+            backend
+        }
+        IptablesBackendArg::Auto if dry_run && !has_net_admin() => Backend::Default,
+        IptablesBackendArg::Auto => {
+            let choice = kp_netfilter::detect_backend();
+            for e in &choice.errors {
+                warn!("detecting the iptables backend: {e}");
+            }
+            info!(
+                backend = choice.backend.name(),
+                "iptables backend: {} ({choice})",
+                choice.backend.name()
+            );
+            choice.backend
+        }
+    }
+}
+
+/// When a run of the iptables-based modes takes over a node, removes kube-proxy's chains
+/// from the backend it does not use ([`kp_proxier::iptables::cleanup_other_backend`], both
+/// families): the rules a kube-proxy left there (in the other backend, because its image
+/// chose differently or its flags said so) would go on matching and DNATing to old
+/// endpoints next to ours. Only tables that exist are read or written, so no legacy table is
+/// created on an nf_tables node. Missing binaries mean there is nothing to clean; failures
+/// are logged and the proxy starts anyway. Returns how many chains were removed.
+fn remove_other_backend(backend: Backend) -> usize {
+    let Some(other) = backend.other() else {
+        return 0;
+    };
+    let mut removed = 0;
+    for version in [IpVersion::V4, IpVersion::V6] {
+        let ipt = ExecIptables::new(version, other);
+        let tool = ipt.binary(kp_netfilter::Tool::Main);
+        match kp_proxier::iptables::cleanup_other_backend(&ipt) {
+            Ok(plan) if plan.removed.is_empty() => {}
+            Ok(plan) => {
+                for chain in &plan.removed {
+                    debug!(backend = tool, "removed chain {chain}");
+                }
+                let kept: Vec<String> = plan
+                    .kept
+                    .iter()
+                    .map(|(chain, why)| format!("{chain} ({why})"))
+                    .collect();
+                let message = format!(
+                    "removed the chains an earlier kube-proxy left in {tool}, the backend this node does not use"
+                );
+                if kept.is_empty() {
+                    info!(backend = tool, chains = plan.removed.len(), "{message}");
+                } else {
+                    info!(backend = tool, chains = plan.removed.len(), kept = %kept.join(", "), "{message}");
+                }
+                removed += plan.removed.len();
+            }
+            Err(kp_proxier::ProxierError::Netfilter(kp_netfilter::Error::BinaryNotFound {
+                ..
+            })) => {}
+            Err(e) => warn!(
+                backend = tool,
+                "cannot remove kube-proxy's chains from {tool}, the backend this node does not use: {e}"
+            ),
+        }
+    }
+    removed
 }
 
 fn iptables_dispatch(arg: IptablesDispatchArg) -> kp_proxier::iptables::tree::Dispatch {
@@ -197,8 +282,9 @@ impl Host for ReadOnlyHost {
 
 /// Removes iptables-mode rules from both families. With `--iptables-backend auto` it cleans
 /// both the nf_tables and the legacy backend, since rules may have been written with either
-/// (a backend whose binaries are missing is skipped). Returns how many chains were removed;
-/// `Err` when a cleanup failed (logged).
+/// (a backend whose binaries are missing is skipped). Only tables that exist are read and
+/// written ([`kp_proxier::iptables::cleanup`]): no legacy table is created on a node that
+/// has none. Returns how many chains were removed; `Err` when a cleanup failed (logged).
 fn cleanup_iptables(backend: Backend) -> Result<usize, ()> {
     let backends: &[(Backend, &str)] = match backend {
         Backend::Default => &[(Backend::Nft, "nf_tables"), (Backend::Legacy, "legacy")],
@@ -455,7 +541,8 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     } else {
         crate::ipvs_mode::ipvs_config(&args, detector).unwrap_or_default()
     };
-    let backend = backend(args.iptables_backend);
+    // `auto` stays unresolved for --cleanup and nftables mode, which clean both backends.
+    let requested = backend(args.iptables_backend);
     if !args.dry_run && !has_net_admin() {
         bail!(
             "changing netfilter rules needs root (CAP_NET_ADMIN); run as root, or use --dry-run to preview the rules"
@@ -467,7 +554,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 "--cleanup removes rules; it has no --dry-run (iptables-save, nft list ruleset, ipset list and ipvsadm -Ln show what it would remove)"
             );
         }
-        return cleanup(backend, &ipvs_cfg.exclude_cidrs);
+        return cleanup(requested, &ipvs_cfg.exclude_cidrs);
     }
     if no_cluster_cidr {
         // Upstream warns the same way: without a way to tell pods from other sources,
@@ -499,6 +586,13 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         );
     }
     let nft_mode = args.proxy_mode == ProxyModeArg::Nftables;
+    // The backend the iptables-based modes program (and read, check and clean up), chosen
+    // once; nftables mode only cleans iptables leftovers, from both backends with `auto`.
+    let backend = if nft_mode {
+        requested
+    } else {
+        choose_backend(args.iptables_backend, args.dry_run)
+    };
     let ipvs_mode = args.proxy_mode == ProxyModeArg::Ipvs;
     let userspace_mode = args.proxy_mode == ProxyModeArg::Userspace;
     let userspace_cfg = if userspace_mode {
@@ -573,6 +667,9 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         crate::nodesetup::apply_conntrack(&conntrack);
     }
     if !args.dry_run {
+        if !nft_mode {
+            remove_other_backend(backend);
+        }
         remove_other_mode(
             args.proxy_mode,
             backend,
@@ -581,7 +678,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         );
     }
 
-    let families = families(args.proxy_mode, args.dry_run);
+    let families = families(args.proxy_mode, backend, args.dry_run);
     info!(families = ?families, "programming these IP families");
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -938,15 +1035,13 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
 }
 
 /// The families to program: IPv4, and IPv6 when the kernel has it (`/proc/sys/net/ipv6`)
-/// and the mode's tool runs (`ip6tables`, or `nft`; always in a dry run).
-fn families(mode: ProxyModeArg, dry_run: bool) -> Vec<IpFamily> {
+/// and the mode's tool runs (`ip6tables` of `backend`, or `nft`; always in a dry run).
+fn families(mode: ProxyModeArg, backend: Backend, dry_run: bool) -> Vec<IpFamily> {
     let mut out = vec![IpFamily::V4];
     let kernel_v6 = std::path::Path::new("/proc/sys/net/ipv6").exists();
     let tool_works = || match mode {
         ProxyModeArg::Nftables => ExecNft::new().version().is_ok(),
-        _ => ExecIptables::new(IpVersion::V6, Backend::Default)
-            .version()
-            .is_ok(),
+        _ => ExecIptables::new(IpVersion::V6, backend).version().is_ok(),
     };
     if kernel_v6 && (dry_run || tool_works()) {
         out.push(IpFamily::V6);

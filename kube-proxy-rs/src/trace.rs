@@ -49,7 +49,7 @@ use std::net::IpAddr;
 use anyhow::{Context, anyhow, bail};
 use clap::ValueEnum;
 use kp_netfilter::{
-    Backend, ExecIptables, FakeIptables, HEADLESS_NAT_NOTE, IpVersion, Iptables, Ruleset,
+    ExecIptables, FakeIptables, HEADLESS_NAT_NOTE, IpVersion, Iptables, Ruleset, Tool,
     assume_headless_nat, complete_kube_proxy_jumps, complete_partial_save, parse_save,
 };
 use kp_proxier::{Host as _, RealHost};
@@ -463,9 +463,17 @@ fn live_nft() -> anyhow::Result<NftRuleset> {
         .map_err(|e| anyhow!("reading this node's nftables rules: {e}"))
 }
 
+/// `iptables-save` (or `ip6tables-save`) of the backend this node uses, found as the daemon
+/// finds it with `--iptables-backend auto` ([`kp_netfilter::detect_backend`]); a note on
+/// stderr names the backend and why.
 fn live_iptables(version: IpVersion) -> anyhow::Result<String> {
-    ExecIptables::new(version, Backend::Default)
-        .save(None)
+    let choice = kp_netfilter::detect_backend();
+    let ipt = ExecIptables::new(version, choice.backend);
+    eprintln!(
+        "note: reading this node's rules with {}: {choice}",
+        ipt.binary(Tool::Save)
+    );
+    ipt.save(None)
         .map_err(|e| anyhow!("reading this node's rules: {e}"))
 }
 

@@ -988,8 +988,10 @@ fn a_failed_sync_keeps_the_rules_and_is_retried(mode: Mode) {
                 "IPVS and userspace modes are tested in tests/ipvs.rs and tests/userspace.rs"
             )
         }
+        // `--iptables-backend auto` picks nf_tables in a fresh namespace and runs its
+        // binaries by name.
         Mode::Iptables => (
-            "iptables-restore",
+            "iptables-nft-restore",
             "",
             "iptables-restore: injected failure (line 3 failed)",
         ),
@@ -1260,14 +1262,16 @@ fn an_intact_dataplane_is_checked_not_rewritten(mode: Mode) {
     let bin = dir.path().join("bin");
     std::fs::create_dir(&bin).unwrap();
     let calls = dir.path().join("calls");
+    // `--iptables-backend auto` picks nf_tables in a fresh namespace and runs its binaries by
+    // name.
     let programs: &[&str] = match mode {
         Mode::Iptables => &[
-            "iptables",
-            "ip6tables",
-            "iptables-save",
-            "ip6tables-save",
-            "iptables-restore",
-            "ip6tables-restore",
+            "iptables-nft",
+            "ip6tables-nft",
+            "iptables-nft-save",
+            "ip6tables-nft-save",
+            "iptables-nft-restore",
+            "ip6tables-nft-restore",
         ],
         Mode::Nftables => &["nft"],
         Mode::Ipvs | Mode::Userspace => {
@@ -1341,7 +1345,7 @@ fn an_intact_dataplane_is_checked_not_rewritten(mode: Mode) {
     if mode == Mode::Iptables {
         for family in ["iptables", "ip6tables"] {
             for table in ["mangle", "nat", "filter"] {
-                let line = format!("{family} -w 5 -t {table} -S KUBE-PROXY-CANARY");
+                let line = format!("{family}-nft -w 5 -t {table} -S KUBE-PROXY-CANARY");
                 assert!(checks.contains(&line.as_str()), "no `{line}`: {checks:?}");
             }
         }

@@ -341,7 +341,9 @@ fn cleanup_has_no_dry_run_and_ipvs_settings_are_checked_in_ipvs_mode_only() {
 }
 
 /// `--dry-run` prints what the daemon would write on this node: `MASQUERADE --random-fully`
-/// only where iptables has it (1.6.2 and later), as the daemon checks.
+/// only where iptables has it (1.6.2 and later), as the daemon checks. iptables 1.6 has no
+/// `iptables-nft`/`iptables-legacy` binaries, so the daemon runs `iptables` itself: the fake
+/// is the only program on `PATH`.
 #[test]
 fn dry_run_checks_this_nodes_iptables_for_random_fully() {
     let fakes = tempfile::tempdir().unwrap();
@@ -353,8 +355,7 @@ fn dry_run_checks_this_nodes_iptables_for_random_fully() {
         let mut cmd = Command::new(BIN);
         cmd.args(["--manifests", SEED, "--dry-run"]).args(NODE_ARGS);
         if let Some(p) = path {
-            let orig = std::env::var("PATH").unwrap_or_default();
-            cmd.env("PATH", format!("{}:{orig}", p.display()));
+            cmd.env("PATH", p);
         }
         let out = cmd.output().unwrap();
         assert!(

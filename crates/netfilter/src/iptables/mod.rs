@@ -16,6 +16,7 @@
 //! ```
 
 mod complete;
+mod detect;
 mod fake;
 mod ir;
 mod parse;
@@ -27,6 +28,9 @@ pub use complete::{
     HEADLESS_NAT_NOTE, KUBE_PROXY_JUMPS, KubeProxyJump, assume_headless_nat,
     complete_kube_proxy_jumps, complete_partial_save,
 };
+pub use detect::{
+    BackendChoice, DetectReason, KUBELET_HINT_CHAINS, detect_backend, detect_backend_with,
+};
 pub use fake::FakeIptables;
 pub use ir::{
     AddrKind, AddrType, Chain, Cidr, ConnState, Conntrack, Counters, CtStatus, HOOK_ORDER,
@@ -36,7 +40,7 @@ pub use ir::{
     canonical_reject, save_string,
 };
 pub use parse::{
-    DeleteTarget, RestoreCommand, RestoreOp, RestoreParser, parse_restore, parse_save,
+    DeleteTarget, RestoreCommand, RestoreOp, RestoreParser, parse_restore, parse_save, save_tables,
 };
 pub use runner::{
     Backend, Exec, ExecCall, ExecIptables, ExecOutput, Iptables, IptablesVersion, NetfilterBackend,

@@ -575,6 +575,28 @@ pub enum Backend {
     Legacy,
 }
 
+impl Backend {
+    /// The IPv4 main binary of this backend, as it names the backend in logs:
+    /// `iptables-nft`, `iptables-legacy` or `iptables`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Default => "iptables",
+            Backend::Nft => "iptables-nft",
+            Backend::Legacy => "iptables-legacy",
+        }
+    }
+
+    /// The other of [`Backend::Nft`] and [`Backend::Legacy`]; `None` for
+    /// [`Backend::Default`], which may be either.
+    pub fn other(self) -> Option<Backend> {
+        match self {
+            Backend::Default => None,
+            Backend::Nft => Some(Backend::Legacy),
+            Backend::Legacy => Some(Backend::Nft),
+        }
+    }
+}
+
 /// One of the three iptables programs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Tool {

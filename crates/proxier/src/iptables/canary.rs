@@ -79,7 +79,10 @@ pub fn check<I: Iptables + ?Sized>(ipt: &I, family: IpFamily) -> Result<bool, Pr
 pub fn mangle_cleanup<I: Iptables + ?Sized>(ipt: &I) -> Result<Option<String>, ProxierError> {
     Ok(ipt
         .chain_exists(Table::Mangle, KUBE_PROXY_CANARY)?
-        .then(|| {
-            format!("*mangle\n:{KUBE_PROXY_CANARY} - [0:0]\n-X {KUBE_PROXY_CANARY}\nCOMMIT\n")
-        }))
+        .then(mangle_cleanup_block))
+}
+
+/// The restore block that flushes and deletes the mangle table's canary.
+pub fn mangle_cleanup_block() -> String {
+    format!("*mangle\n:{KUBE_PROXY_CANARY} - [0:0]\n-X {KUBE_PROXY_CANARY}\nCOMMIT\n")
 }

@@ -472,12 +472,6 @@ pub fn kernel_table_for_sync(text: &str, table: Table) -> Result<KernelTable, Pr
     Ok(out)
 }
 
-/// Reads one table with `iptables-save -t TABLE` into a [`KernelTable`].
-fn read_table<I: Iptables + ?Sized>(ipt: &I, table: Table) -> Result<KernelTable, ProxierError> {
-    let text = ipt.save(Some(table))?;
-    kernel_table(&text, table)
-}
-
 /// Parses `iptables-save` output and extracts one table.
 ///
 /// # Errors
@@ -626,21 +620,65 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
 
 /// `--cleanup` for iptables mode: removes our jump rules and chains from the filter and nat
 /// tables of the runner's family, and the canary from its mangle table, leaving everything
-/// else alone.
+/// else alone (see [`reconcile::cleanup_payload`]).
+///
+/// The tables are read with one `iptables-save` of every table, and only tables that exist
+/// are written to: a legacy table named in `iptables-legacy-save -t TABLE` or in a restore
+/// would be created by the kernel, and every `iptables-nft-save` of an nf_tables node would
+/// then warn that legacy tables are present.
 ///
 /// # Errors
 /// [`ProxierError`] when the tables cannot be read or the restore fails (nothing changes).
 pub fn cleanup<I: Iptables + ?Sized>(ipt: &I) -> Result<CleanupPlan, ProxierError> {
+    cleanup_with(ipt, reconcile::CleanupScope::Everything)
+}
+
+/// The cleanup of the backend a node does not use (`--iptables-backend`): what
+/// [`cleanup`] removes (every mode's chains, the jumps to them and the canaries, from the
+/// tables that exist), except `KUBE-FIREWALL`, which is kubelet's on nodes whose kubelet
+/// writes it ([`reconcile::CleanupScope::OtherBackend`]). kubelet's own chains
+/// (`KUBE-IPTABLES-HINT`, `KUBE-KUBELET-CANARY`, `KUBE-MARK-DROP`, ...) and every other
+/// program's rules are never touched, as in [`cleanup`].
+///
+/// # Errors
+/// As [`cleanup`].
+pub fn cleanup_other_backend<I: Iptables + ?Sized>(ipt: &I) -> Result<CleanupPlan, ProxierError> {
+    cleanup_with(ipt, reconcile::CleanupScope::OtherBackend)
+}
+
+fn cleanup_with<I: Iptables + ?Sized>(
+    ipt: &I,
+    scope: reconcile::CleanupScope,
+) -> Result<CleanupPlan, ProxierError> {
+    let dump = ipt.save(None)?;
+    let tables = kp_netfilter::save_tables(&dump);
+    let text_of = |table: Table| {
+        tables
+            .iter()
+            .find(|(name, _)| *name == table.name())
+            .map(|(_, text)| *text)
+    };
+    let read = |table: Table| match text_of(table) {
+        Some(text) => kernel_table(text, table),
+        None => Ok(KernelTable::default()),
+    };
     let kernel = KernelTables {
-        filter: read_table(ipt, Table::Filter)?,
-        nat: read_table(ipt, Table::Nat)?,
+        filter: read(Table::Filter)?,
+        nat: read(Table::Nat)?,
         ..KernelTables::default()
     };
-    let mut plan = reconcile::cleanup_payload(&kernel);
-    if let Some(mangle) = canary::mangle_cleanup(ipt)? {
+    let mut plan = reconcile::cleanup_payload_in(&kernel, scope);
+    let canary_in_mangle = text_of(Table::Mangle).is_some_and(|text| {
+        text.lines().any(|l| {
+            l.strip_prefix(':')
+                .and_then(|r| r.split(' ').next())
+                .is_some_and(|c| c == canary::KUBE_PROXY_CANARY)
+        })
+    });
+    if canary_in_mangle {
         plan.payload
             .get_or_insert_with(String::new)
-            .push_str(&mangle);
+            .push_str(&canary::mangle_cleanup_block());
         plan.removed
             .push(format!("mangle/{}", canary::KUBE_PROXY_CANARY));
     }

@@ -394,11 +394,29 @@ pub struct CleanupPlan {
     pub kept: Vec<(String, String)>,
 }
 
+/// What a cleanup removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CleanupScope {
+    /// `--cleanup` and a switch of mode: everything of ours, `KUBE-FIREWALL` included when
+    /// it holds nothing but our localnet drop.
+    Everything,
+    /// The backend the node does not use: as `Everything`, but `KUBE-FIREWALL` always stays.
+    /// Older kubelets (before 1.28) write the same localnet drop into their own
+    /// `KUBE-FIREWALL`, so its content does not tell whose it is; in a backend we do not use
+    /// it can only be a duplicate of the rule we write in the other.
+    OtherBackend,
+}
+
 /// Plans `--cleanup`: delete our jump rules from the built-in chains, then flush and delete
 /// our chains. A chain still referenced by a rule we do not remove is kept (and reported);
 /// `KUBE-FIREWALL` is removed only when it holds nothing but our localnet drop (kubelet may
 /// own a copy of it with other rules).
 pub fn cleanup_payload(kernel: &KernelTables) -> CleanupPlan {
+    cleanup_payload_in(kernel, CleanupScope::Everything)
+}
+
+/// [`cleanup_payload`] for a [`CleanupScope`].
+pub fn cleanup_payload_in(kernel: &KernelTables, scope: CleanupScope) -> CleanupPlan {
     let mut plan = CleanupPlan::default();
     let mut out = String::new();
     for (name, table, fixed) in [
@@ -411,7 +429,15 @@ pub fn cleanup_payload(kernel: &KernelTables) -> CleanupPlan {
             .filter(|c| fixed.contains(&c.as_str()) || (name == "nat" && is_dynamic_chain(c)))
             .cloned()
             .collect();
-        if name == "filter" && table.chains.contains(KUBE_FIREWALL) {
+        if name == "filter"
+            && table.chains.contains(KUBE_FIREWALL)
+            && scope == CleanupScope::OtherBackend
+        {
+            plan.kept.push((
+                format!("filter/{KUBE_FIREWALL}"),
+                "kubelet may own it; left in the backend this node does not use".into(),
+            ));
+        } else if name == "filter" && table.chains.contains(KUBE_FIREWALL) {
             let foreign = table
                 .rules
                 .iter()
