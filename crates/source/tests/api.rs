@@ -85,6 +85,7 @@ fn fast() -> ApiOptions {
         page_size: Some(500),
         backoff_initial: Duration::from_millis(20),
         backoff_max: Duration::from_millis(200),
+        backoff_reset: Duration::from_secs(120),
     }
 }
 
