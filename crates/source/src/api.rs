@@ -1,10 +1,12 @@
 //! The API-server source: Services, EndpointSlices and this node's Node, watched like
 //! upstream kube-proxy's informers.
 //!
-//! [`ApiSource::run`] (or [`watch_api`]) runs three kube-rs
-//! [`watcher`](kube::runtime::watcher())s, which do the list/watch protocol (initial list with
-//! pagination, watch from the list's resourceVersion, bookmarks, a new watch when the stream
-//! ends or breaks, a relist when the server answers `410 Gone`):
+//! [`ApiSource::run`] (or [`watch_api`]) runs one list/watch loop per kind
+//! ([`reflector`], with client-go's reflector semantics: the first list from the API
+//! server's watch cache with `resourceVersion=0`, relists not older than the last
+//! resourceVersion seen, a quorum read only after `410 Gone` or "Too large resource
+//! version", watch from the list's resourceVersion with bookmarks, a new watch at once when
+//! the stream ends or breaks, a backoff that resets after a healthy period):
 //!
 //! | kind | request | selector (as upstream's informers) |
 //! |---|---|---|
@@ -20,13 +22,13 @@
 //! - **Batches.** Each watch event gives at most one `Vec<SourceEvent>`; a whole (re)list
 //!   gives one, at its end. Nothing is sent when nothing changed for the proxy (an update
 //!   that converts to the object already delivered, a bookmark).
-//! - **Initial sync gating.** When a kind's first list is complete (kube's
-//!   `watcher::Event::InitDone`), its batch ends with [`SourceEvent::Synced`] for that kind,
+//! - **Initial sync gating.** When a kind's first list is complete (the reflector's
+//!   `InitDone`), its batch ends with [`SourceEvent::Synced`] for that kind,
 //!   so the proxy never syncs from a partial list (upstream's `HasSynced` gating of
 //!   `OnServiceSynced`/`OnEndpointSlicesSynced`). A kind is synced once; later relists do not
 //!   repeat it.
-//! - **Relists send the difference.** When the watcher relists (after `410 Gone`, or when
-//!   the list failed), the listed objects are buffered until the list is complete and then
+//! - **Relists send the difference.** When the reflector relists (after `410 Gone`, "Too
+//!   large resource version", or when the list failed), the listed objects are buffered until the list is complete and then
 //!   compared with what was delivered: upserts for new and changed objects, deletes for the
 //!   objects that vanished (deleted while the watch was down). Unchanged objects are not
 //!   sent again.
@@ -51,12 +53,14 @@
 //!
 //! # When the API server cannot be reached
 //!
-//! Nothing is sent: the proxy keeps its rules. kube's watcher retries with an exponential
-//! backoff ([`ApiOptions::backoff_initial`] to [`ApiOptions::backoff_max`], jittered, like
-//! client-go's reflector: 800 ms to 30 s), reset by every successful event. The watch resumes
-//! from the last resourceVersion seen, or relists when it is too old. [`ApiSource::health`]
-//! tells whether the source is currently connected (see [`SourceHealth`]), for the proxy's
-//! health reporting.
+//! Nothing is sent: the proxy keeps its rules. Each kind retries with an exponential backoff
+//! ([`ApiOptions::backoff_initial`] to [`ApiOptions::backoff_max`], jittered, reset after
+//! [`ApiOptions::backoff_reset`] of health; client-go's reflector: 800 ms to 30 s, 2 min),
+//! logging every failure with the server's URL ([`ApiSource::with_server`]) and the delay:
+//! `cannot reach the API server https://10.0.0.1:6443: watching Services: HTTP 503
+//! ServiceUnavailable: ...; retrying in 4s`. The watch resumes from the last resourceVersion
+//! seen, or relists when it is too old. [`ApiSource::health`] tells whether the source is
+//! currently connected (see [`SourceHealth`]), for the proxy's health reporting.
 //!
 //! Give it a client built by [`client`], or one whose `Config::default_retry` is off: with
 //! kube's default retry layer a `503` is retried inside the request for minutes, so neither
@@ -341,7 +345,7 @@ pub async fn watch_api(
 ///   kubeconfig (`$KUBECONFIG`, else `~/.kube/config`), which is handy outside a cluster.
 ///
 /// kube's default retry of `429`/`503`/`504` responses (`Config::default_retry`) is turned
-/// off: the watchers retry with their own backoff, and [`ApiSource::health`] must see each
+/// off: the reflectors retry with their own backoff, and [`ApiSource::health`] must see each
 /// failure when it happens.
 ///
 /// # Errors
@@ -405,8 +409,8 @@ pub async fn client_with_server(
         config.cluster_url = uri;
     }
     // kube's own retry layer would retry 429/503/504 up to 15 times (5 ms doubling, for
-    // minutes) inside one request, hiding the outage from the watcher's backoff and from the
-    // health signal. Retrying is the watcher's job.
+    // minutes) inside one request, hiding the outage from the reflectors' backoff and from the
+    // health signal. Retrying is the reflectors' job.
     config.default_retry = false;
     let url = config
         .cluster_url
