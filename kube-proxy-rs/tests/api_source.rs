@@ -520,7 +520,10 @@ fn a_server_restored_from_a_backup_is_relisted_and_its_changes_applied() {
         )
         .unwrap_or_else(|e| panic!("the restored state was not applied: {e}\n{}", read_log()));
     eprintln!("restored state programmed after {:?}", restored.elapsed());
-    assert!(nat(&ns).contains("KUBE-SEP-GS5MQAG4332XHLUZ"), "the other endpoint stays");
+    assert!(
+        nat(&ns).contains("KUBE-SEP-GS5MQAG4332XHLUZ"),
+        "the other endpoint stays"
+    );
     let quorum = api
         .requests()
         .into_iter()
@@ -557,8 +560,8 @@ fn retry_delays(log: &str, url: &str) -> Vec<f64> {
 }
 
 /// Issue 24 items 2 and 4: during an outage every retry is logged naming the API server
-/// and the delay before the next one, growing; after it, a watch cut on a quiet cluster is
-/// watched again at once (the change made right after is programmed within 3 s, not after
+/// and the delay before the next one, growing; after it, a watch whose connection is reset on
+/// a quiet cluster is watched again at once (the change made right after is programmed within 3 s, not after
 /// the backoff the outage reached).
 #[test]
 fn retries_name_the_server_and_a_cut_watch_after_an_outage_resumes_at_once() {
@@ -599,7 +602,12 @@ fn retries_name_the_server_and_a_cut_watch_after_an_outage_resumes_at_once() {
     let get = |port: u16, path: &str| -> String {
         ns.run(
             "curl",
-            ["-s", "--max-time", "5", &format!("http://127.0.0.1:{port}{path}")],
+            [
+                "-s",
+                "--max-time",
+                "5",
+                &format!("http://127.0.0.1:{port}{path}"),
+            ],
         )
         .unwrap_or_default()
     };
@@ -615,9 +623,9 @@ fn retries_name_the_server_and_a_cut_watch_after_an_outage_resumes_at_once() {
         )
         .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
 
-    // A quiet cluster; the watches are cut.
+    // A quiet cluster; the watches' connections are reset.
     std::thread::sleep(Duration::from_millis(1500));
-    api.drop_connections();
+    api.reset_connections();
     api.upsert_value(slice_without_worker_endpoint()).unwrap();
     proxy
         .wait_for(

@@ -810,8 +810,8 @@ fn slow_backoff() -> ApiOptions {
     }
 }
 
-/// Issue 24 item 2: a watch the server ends (its timeout) or that is cut mid-stream is
-/// watched again at once, not after a backoff delay.
+/// Issue 24 item 2: a watch the server ends (its timeout), that is cut mid-stream or whose
+/// connection is reset is watched again at once, not after a backoff delay.
 #[tokio::test]
 async fn ended_and_cut_watches_are_watched_again_at_once() {
     let server = TestApiServer::start().await.expect("server");
@@ -819,14 +819,14 @@ async fn ended_and_cut_watches_are_watched_again_at_once() {
     let mut h = Harness::start(&server, slow_backoff());
     h.initial().await;
     open_all(&server).await;
-    for (round, cut) in [false, true, false].into_iter().enumerate() {
+    for round in 0..4 {
         // A watch that lasted a while (one ended within a second without events would
         // wait for the backoff).
         tokio::time::sleep(Duration::from_millis(1100)).await;
-        if cut {
-            server.drop_connections();
-        } else {
-            server.end_watches();
+        match round {
+            0 | 3 => server.end_watches(),
+            1 => server.drop_connections(),
+            _ => server.reset_connections(),
         }
         let svc = service(&format!("svc-{round}"), 80, json!({}));
         put(&server, &svc);

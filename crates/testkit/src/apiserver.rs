@@ -46,6 +46,7 @@
 //! The test controls what happens: [`TestApiServer::upsert`] / [`TestApiServer::delete`]
 //! change objects, [`TestApiServer::drop_connections`] breaks every open watch mid-stream
 //! (the chunked body is cut without its terminating chunk),
+//! [`TestApiServer::reset_connections`] breaks them with a TCP reset,
 //! [`TestApiServer::expire_watches`] makes every watch older than now relist,
 //! [`TestApiServer::end_watches`] ends every open watch cleanly (as the real server does
 //! after `timeoutSeconds`), [`TestApiServer::backup`] and [`TestApiServer::restore`] take the
@@ -75,7 +76,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -298,6 +299,95 @@ struct Shared {
     store: Mutex<Store>,
     events: broadcast::Sender<Msg>,
     open_watches: [AtomicUsize; 3],
+    /// Bumped by [`TestApiServer::reset_connections`]: a connection accepted before closes
+    /// with a reset.
+    reset_generation: Arc<AtomicU64>,
+}
+
+/// The server's listener: its connections close with a TCP reset after
+/// [`TestApiServer::reset_connections`].
+struct ResettingListener {
+    inner: tokio::net::TcpListener,
+    generation: Arc<AtomicU64>,
+}
+
+impl axum::serve::Listener for ResettingListener {
+    type Io = ResettingStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (ResettingStream, SocketAddr) {
+        loop {
+            match self.inner.accept().await {
+                Ok((stream, addr)) => {
+                    let stream = ResettingStream {
+                        inner: stream,
+                        born: self.generation.load(Ordering::SeqCst),
+                        generation: self.generation.clone(),
+                    };
+                    return (stream, addr);
+                }
+                // Out of file descriptors and the like: try again shortly, as axum does.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection that, when closed after a reset was asked for, sends a TCP reset (`SO_LINGER`
+/// 0) instead of an orderly close: the client reads `ECONNRESET`.
+struct ResettingStream {
+    inner: tokio::net::TcpStream,
+    born: u64,
+    generation: Arc<AtomicU64>,
+}
+
+impl Drop for ResettingStream {
+    fn drop(&mut self) {
+        if self.generation.load(Ordering::SeqCst) != self.born {
+            // Linger 0: the close sends a reset at once (tokio deprecates set_linger for
+            // the blocking close of a non-zero linger, which this is not).
+            #[allow(deprecated)]
+            let _ = self.inner.set_linger(Some(Duration::ZERO));
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for ResettingStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for ResettingStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 impl Shared {
@@ -326,8 +416,13 @@ impl TestApiServer {
             }),
             events,
             open_watches: Default::default(),
+            reset_generation: Arc::default(),
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
+        let listener = ResettingListener {
+            inner: listener,
+            generation: shared.reset_generation.clone(),
+        };
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::warn!(error = %e, "test API server stopped");
@@ -500,6 +595,16 @@ impl TestApiServer {
     pub fn bookmark(&self) {
         let store = self.shared.lock();
         let _ = self.shared.events.send(Msg::Bookmark(store.rv));
+    }
+
+    /// Resets every open watch's connection: the server closes it with a TCP reset, as a
+    /// load balancer or a restarting node does, and the client reads `ECONNRESET` (an error,
+    /// where [`TestApiServer::drop_connections`] gives an early end of stream). The client is
+    /// expected to watch again from the last resourceVersion it saw.
+    pub fn reset_connections(&self) {
+        let _store = self.shared.lock();
+        self.shared.reset_generation.fetch_add(1, Ordering::SeqCst);
+        let _ = self.shared.events.send(Msg::Drop);
     }
 
     /// Ends every open watch cleanly, as the real server does when a watch's
