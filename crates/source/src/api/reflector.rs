@@ -331,7 +331,7 @@ pub(crate) fn format_delay(delay: Duration) -> String {
         return format!("{}ms", delay.as_millis());
     }
     let tenths = (delay.as_millis() + 50) / 100;
-    if tenths % 10 == 0 {
+    if tenths.is_multiple_of(10) {
         format!("{}s", tenths / 10)
     } else {
         format!("{}.{}s", tenths / 10, tenths % 10)
@@ -719,7 +719,7 @@ mod tests {
 
     /// One step of a scripted watch stream.
     enum Step {
-        Event(Result<WatchEvent<Node>, kube::Error>),
+        Event(Box<Result<WatchEvent<Node>, kube::Error>>),
         /// Nothing for this long.
         Wait(Duration),
     }
@@ -792,7 +792,7 @@ mod tests {
             };
             let steps = futures::stream::iter(steps).filter_map(|step| async move {
                 match step {
-                    Step::Event(event) => Some(event),
+                    Step::Event(event) => Some(*event),
                     Step::Wait(d) => {
                         tokio::time::sleep(d).await;
                         None
@@ -924,7 +924,7 @@ mod tests {
     }
 
     fn ev(event: WatchEvent<Node>) -> Step {
-        Step::Event(Ok(event))
+        Step::Event(Box::new(Ok(event)))
     }
 
     #[tokio::test(start_paused = true)]
@@ -1027,7 +1027,7 @@ mod tests {
             .watch(
                 vec![
                     ev(WatchEvent::Added(node("a", "13"))),
-                    Step::Event(Err(broken())),
+                    Step::Event(Box::new(Err(broken()))),
                 ],
                 false,
             )
@@ -1087,13 +1087,13 @@ mod tests {
         fake.list(Ok(listed("10", vec![], None)))
             // Healthy for 2 s (less than the reset duration), then cut; the re-watch fails.
             .watch(
-                vec![Step::Wait(ms(2000)), Step::Event(Err(broken()))],
+                vec![Step::Wait(ms(2000)), Step::Event(Box::new(Err(broken())))],
                 false,
             )
             .watch_fails(unavailable())
             // Healthy for 20 s, then cut; the re-watch fails.
             .watch(
-                vec![Step::Wait(ms(20_000)), Step::Event(Err(broken()))],
+                vec![Step::Wait(ms(20_000)), Step::Event(Box::new(Err(broken())))],
                 false,
             )
             .watch_fails(unavailable())
