@@ -2,7 +2,7 @@
 //! upstream kube-proxy's informers.
 //!
 //! [`ApiSource::run`] (or [`watch_api`]) runs one list/watch loop per kind
-//! ([`reflector`], with client-go's reflector semantics: the first list from the API
+//! (`api/reflector.rs`, with client-go's reflector semantics: the first list from the API
 //! server's watch cache with `resourceVersion=0`, relists not older than the last
 //! resourceVersion seen, a quorum read only after `410 Gone` or "Too large resource
 //! version", watch from the list's resourceVersion with bookmarks, a new watch at once when
