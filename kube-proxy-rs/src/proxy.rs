@@ -730,10 +730,11 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 })
             }
             None => {
-                let client = kp_source::api::client(args.kubeconfig.clone(), args.master.clone())
-                    .await
-                    .map_err(|e| anyhow!(e).context("connecting to the API server"))?;
-                let api = kp_source::api::ApiSource::new(client, node.clone());
+                let (client, server) =
+                    kp_source::api::client_with_server(args.kubeconfig.clone(), args.master.clone())
+                        .await
+                        .map_err(|e| anyhow!(e).context("connecting to the API server"))?;
+                let api = kp_source::api::ApiSource::new(client, node.clone()).with_server(server);
                 let mut health = api.health();
                 let metrics = admin.metrics.clone();
                 tokio::spawn(async move {

@@ -356,3 +356,281 @@ fn network_programming_latency_is_observed_for_slices_changed_after_start() {
         )
         .unwrap_or_else(|e| panic!("{e}\n{}", get(&ns)));
 }
+
+/// Starts the daemon in `ns` against `api` (iptables mode, this node `k8s-master`), logging
+/// to `log_path`, with /healthz on 10256 and /metrics on 10249.
+fn start_proxy(ns: &Netns, api: &TestApiServer, log_path: &std::path::Path) -> ChildGuard {
+    let log = std::fs::File::create(log_path).unwrap();
+    let mut cmd = ns.command(BIN);
+    cmd.args([
+        "--master",
+        &api.url(),
+        "--hostname-override=k8s-master",
+        "--cluster-cidr=10.0.0.0/16",
+        "--healthz-bind-address=127.0.0.1:10256",
+        "--metrics-bind-address=127.0.0.1:10249",
+        "--iptables-min-sync-period=100ms",
+    ])
+    .stdin(Stdio::null())
+    .stdout(log.try_clone().unwrap())
+    .stderr(log);
+    ChildGuard::spawn(&mut cmd, "kube-proxy-rs").unwrap()
+}
+
+/// The seed's EndpointSlice without the endpoint 10.0.1.2 (whose chain is
+/// KUBE-SEP-H5CTQI4CMO4ES5BQ).
+fn slice_without_worker_endpoint() -> serde_json::Value {
+    seed_objects()
+        .into_iter()
+        .find(|o| o["kind"] == "EndpointSlice")
+        .map(|mut o| {
+            let eps = o["endpoints"].as_array_mut().unwrap();
+            eps.retain(|e| e["addresses"][0] != "10.0.1.2");
+            o
+        })
+        .unwrap()
+}
+
+/// A Service `name` at ClusterIP `ip`, port 80.
+fn plain_service(name: &str, ip: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"type": "ClusterIP", "clusterIP": ip, "clusterIPs": [ip],
+                 "ports": [{"port": 80, "protocol": "TCP", "targetPort": 80}]},
+    })
+}
+
+/// Issue 23 item 9: a restarted daemon lists every kind from the API server's watch cache
+/// (`resourceVersion=0`), as client-go's informers do: the request log shows no quorum list
+/// (a list without a resourceVersion, which the API server reads from etcd).
+#[test]
+fn a_restart_makes_no_quorum_list() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("apirestart").unwrap();
+    let (api, _stop) = api_server_in(&ns);
+    for object in seed_objects() {
+        api.upsert_value(object).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let lists = |api: &TestApiServer| {
+        api.requests()
+            .into_iter()
+            .filter(|r| r.kind.is_some() && !r.watch && r.param("continue").is_none())
+            .collect::<Vec<_>>()
+    };
+    for start in 1..=2 {
+        let log_path = dir.path().join(format!("proxy{start}.log"));
+        let mut proxy = start_proxy(&ns, &api, &log_path);
+        proxy
+            .wait_for(
+                || {
+                    lists(&api).len() == 3 * start
+                        && ApiKind::ALL.iter().all(|k| api.open_watches(*k) >= 1)
+                        && nat(&ns).contains("-A KUBE-SEP-H5CTQI4CMO4ES5BQ")
+                },
+                Duration::from_secs(30),
+            )
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{e}\n{:#?}\n{}",
+                    api.requests(),
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                )
+            });
+        drop(proxy);
+        wait_for(
+            || ApiKind::ALL.iter().all(|k| api.open_watches(*k) == 0),
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    }
+    let quorum: Vec<String> = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_quorum_list())
+        .map(|r| r.uri)
+        .collect();
+    assert!(quorum.is_empty(), "quorum lists: {quorum:#?}");
+    for list in lists(&api) {
+        assert_eq!(list.param("resourceVersion"), Some("0"), "{}", list.uri);
+        assert_eq!(
+            list.param("resourceVersionMatch"),
+            Some("NotOlderThan"),
+            "{}",
+            list.uri
+        );
+    }
+}
+
+/// Issue 24 item 2: the API server's resourceVersion goes backwards (etcd restored from a
+/// backup; every watch is answered "Too large resource version"). The daemon relists with
+/// a quorum read and programs the restored state and a change made after the restore
+/// within seconds, and the later changes too.
+#[test]
+fn a_server_restored_from_a_backup_is_relisted_and_its_changes_applied() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("apirestore").unwrap();
+    let (api, _stop) = api_server_in(&ns);
+    for object in seed_objects() {
+        api.upsert_value(object).unwrap();
+    }
+    let backup = api.backup();
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("proxy.log");
+    let mut proxy = start_proxy(&ns, &api, &log_path);
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    // Created after the backup: the daemon programs it...
+    api.upsert_value(plain_service("extra", "10.96.0.99"))
+        .unwrap();
+    // A Service without endpoints: its REJECT rule is in the filter table.
+    let rules = || ns.run("iptables-save", [] as [&str; 0]).unwrap_or_default();
+    proxy
+        .wait_for(|| rules().contains("10.96.0.99"), Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+    // ... and sees resourceVersions beyond what the restored server will have.
+    for port in 81..85 {
+        let mut svc = plain_service("extra", "10.96.0.99");
+        svc["spec"]["ports"][0]["port"] = port.into();
+        api.upsert_value(svc).unwrap();
+    }
+    api.bookmark();
+    proxy
+        .wait_for(|| rules().contains("--dport 84"), Duration::from_secs(30))
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+    let seen = api.resource_version();
+
+    api.restore(&backup);
+    api.upsert_value(slice_without_worker_endpoint()).unwrap();
+    assert!(api.resource_version() < seen);
+    let restored = std::time::Instant::now();
+    proxy
+        .wait_for(
+            || {
+                let rules = rules();
+                rules.contains("KUBE-SEP-GS5MQAG4332XHLUZ")
+                    && !rules.contains("10.96.0.99")
+                    && !rules.contains("KUBE-SEP-H5CTQI4CMO4ES5BQ")
+            },
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|e| panic!("the restored state was not applied: {e}\n{}", read_log()));
+    eprintln!("restored state programmed after {:?}", restored.elapsed());
+    assert!(
+        nat(&ns).contains("KUBE-SEP-GS5MQAG4332XHLUZ"),
+        "the other endpoint stays"
+    );
+    let quorum = api
+        .requests()
+        .into_iter()
+        .filter(|r| r.is_quorum_list())
+        .count();
+    assert!(quorum >= 2, "{:#?}", api.requests());
+    // And it keeps watching.
+    api.delete(ApiKind::Service, "default", "nginx-svc");
+    proxy
+        .wait_for(
+            || !nat(&ns).contains("KUBE-SVC-HL5LMXD5JFHQZ6LN"),
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+}
+
+/// The delays of the daemon's `cannot reach the API server URL: watching Services: ...;
+/// retrying in D` lines, in seconds.
+fn retry_delays(log: &str, url: &str) -> Vec<f64> {
+    let prefix = format!("cannot reach the API server {url}: watching Services: ");
+    log.lines()
+        .filter(|l| l.contains(&prefix))
+        .filter_map(|l| {
+            let rest = &l[l.find("; retrying in ")? + "; retrying in ".len()..];
+            let end = rest.find(|c: char| !c.is_ascii_digit() && c != '.')?;
+            let value: f64 = rest[..end].parse().ok()?;
+            Some(if rest[end..].starts_with("ms") {
+                value / 1000.0
+            } else {
+                value
+            })
+        })
+        .collect()
+}
+
+/// Issue 24 items 2 and 4: during an outage every retry is logged naming the API server
+/// and the delay before the next one, growing; after it, a watch whose connection is reset on
+/// a quiet cluster is watched again at once (the change made right after is programmed within 3 s, not after
+/// the backoff the outage reached).
+#[test]
+fn retries_name_the_server_and_a_cut_watch_after_an_outage_resumes_at_once() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("apiretry").unwrap();
+    let (api, _stop) = api_server_in(&ns);
+    for object in seed_objects() {
+        api.upsert_value(object).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("proxy.log");
+    let mut proxy = start_proxy(&ns, &api, &log_path);
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    proxy
+        .wait_for(
+            || nat(&ns).contains("-A KUBE-SEP-H5CTQI4CMO4ES5BQ"),
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+
+    // 800 ms doubling: after 14 s of outage the delay is 6.4 s or more.
+    api.set_unavailable(true);
+    std::thread::sleep(Duration::from_secs(14));
+    let delays = retry_delays(&read_log(), &api.url());
+    assert!(delays.len() >= 3, "{delays:?}\n{}", read_log());
+    assert!(
+        delays.windows(2).all(|w| w[1] >= w[0]) && delays[delays.len() - 1] >= 3.0,
+        "{delays:?}"
+    );
+    assert!(
+        read_log().contains("HTTP 503 ServiceUnavailable"),
+        "{}",
+        read_log()
+    );
+    api.set_unavailable(false);
+    let get = |port: u16, path: &str| -> String {
+        ns.run(
+            "curl",
+            [
+                "-s",
+                "--max-time",
+                "5",
+                &format!("http://127.0.0.1:{port}{path}"),
+            ],
+        )
+        .unwrap_or_default()
+    };
+    proxy
+        .wait_for(
+            || {
+                get(10249, "/metrics")
+                    .lines()
+                    .any(|l| l == "kube_proxy_rs_api_server_connected 1")
+                    && ApiKind::ALL.iter().all(|k| api.open_watches(*k) >= 1)
+            },
+            Duration::from_secs(40),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+
+    // A quiet cluster; the watches' connections are reset.
+    std::thread::sleep(Duration::from_millis(1500));
+    api.reset_connections();
+    api.upsert_value(slice_without_worker_endpoint()).unwrap();
+    proxy
+        .wait_for(
+            || !nat(&ns).contains("KUBE-SEP-H5CTQI4CMO4ES5BQ"),
+            Duration::from_secs(3),
+        )
+        .unwrap_or_else(|e| panic!("not watched again at once: {e}\n{}", read_log()));
+}

@@ -1,10 +1,12 @@
 //! The API-server source: Services, EndpointSlices and this node's Node, watched like
 //! upstream kube-proxy's informers.
 //!
-//! [`ApiSource::run`] (or [`watch_api`]) runs three kube-rs
-//! [`watcher`](kube::runtime::watcher())s, which do the list/watch protocol (initial list with
-//! pagination, watch from the list's resourceVersion, bookmarks, a new watch when the stream
-//! ends or breaks, a relist when the server answers `410 Gone`):
+//! [`ApiSource::run`] (or [`watch_api`]) runs one list/watch loop per kind
+//! (`api/reflector.rs`, with client-go's reflector semantics: the first list from the API
+//! server's watch cache with `resourceVersion=0`, relists not older than the last
+//! resourceVersion seen, a quorum read only after `410 Gone` or "Too large resource
+//! version", watch from the list's resourceVersion with bookmarks, a new watch at once when
+//! the stream ends or breaks, a backoff that resets after a healthy period):
 //!
 //! | kind | request | selector (as upstream's informers) |
 //! |---|---|---|
@@ -20,13 +22,13 @@
 //! - **Batches.** Each watch event gives at most one `Vec<SourceEvent>`; a whole (re)list
 //!   gives one, at its end. Nothing is sent when nothing changed for the proxy (an update
 //!   that converts to the object already delivered, a bookmark).
-//! - **Initial sync gating.** When a kind's first list is complete (kube's
-//!   `watcher::Event::InitDone`), its batch ends with [`SourceEvent::Synced`] for that kind,
+//! - **Initial sync gating.** When a kind's first list is complete (the reflector's
+//!   `InitDone`), its batch ends with [`SourceEvent::Synced`] for that kind,
 //!   so the proxy never syncs from a partial list (upstream's `HasSynced` gating of
 //!   `OnServiceSynced`/`OnEndpointSlicesSynced`). A kind is synced once; later relists do not
 //!   repeat it.
-//! - **Relists send the difference.** When the watcher relists (after `410 Gone`, or when
-//!   the list failed), the listed objects are buffered until the list is complete and then
+//! - **Relists send the difference.** When the reflector relists (after `410 Gone`, "Too
+//!   large resource version", or when the list failed), the listed objects are buffered until the list is complete and then
 //!   compared with what was delivered: upserts for new and changed objects, deletes for the
 //!   objects that vanished (deleted while the watch was down). Unchanged objects are not
 //!   sent again.
@@ -51,12 +53,14 @@
 //!
 //! # When the API server cannot be reached
 //!
-//! Nothing is sent: the proxy keeps its rules. kube's watcher retries with an exponential
-//! backoff ([`ApiOptions::backoff_initial`] to [`ApiOptions::backoff_max`], jittered, like
-//! client-go's reflector: 800 ms to 30 s), reset by every successful event. The watch resumes
-//! from the last resourceVersion seen, or relists when it is too old. [`ApiSource::health`]
-//! tells whether the source is currently connected (see [`SourceHealth`]), for the proxy's
-//! health reporting.
+//! Nothing is sent: the proxy keeps its rules. Each kind retries with an exponential backoff
+//! ([`ApiOptions::backoff_initial`] to [`ApiOptions::backoff_max`], jittered, reset after
+//! [`ApiOptions::backoff_reset`] of health; client-go's reflector: 800 ms to 30 s, 2 min),
+//! logging every failure with the server's URL ([`ApiSource::with_server`]) and the delay:
+//! `cannot reach the API server https://10.0.0.1:6443: watching Services: HTTP 503
+//! ServiceUnavailable: ...; retrying in 4s`. The watch resumes from the last resourceVersion
+//! seen, or relists when it is too old. [`ApiSource::health`] tells whether the source is
+//! currently connected (see [`SourceHealth`]), for the proxy's health reporting.
 //!
 //! Give it a client built by [`client`], or one whose `Config::default_retry` is off: with
 //! kube's default retry layer a `503` is retried inside the request for minutes, so neither
@@ -70,20 +74,21 @@
 
 mod backoff;
 mod health;
+mod reflector;
 mod store;
 
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kp_model::{Escaped, NamespacedName, ObjectKind, SourceEvent, validate_dns_subdomain};
-use kube::runtime::WatchStreamExt;
-use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client};
+use kube::Client;
 use tokio::sync::{mpsc, watch};
 use tracing::debug;
 
@@ -94,8 +99,8 @@ use crate::manifests::ObjectKey;
 
 pub use health::SourceHealth;
 
-use backoff::ExponentialBackoff;
 use health::{Health, Probe};
+use reflector::{Event, KubeListerWatcher, Reflector, Settings};
 use store::{Outcome, Store};
 
 /// The label selector of the Service watch: Services labelled
@@ -117,17 +122,23 @@ pub const SLICE_LABEL_SELECTOR: &str = SERVICE_LABEL_SELECTOR;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiOptions {
     /// `timeoutSeconds` of each watch request: the server ends the watch after this long and
-    /// the watcher starts a new one from the last resourceVersion (no relist). `None` is
-    /// kube-rs's default, 290 s. kube-rs also treats a watch that stays silent for this long
-    /// plus 5 s as dead.
+    /// the source starts a new one at once from the last resourceVersion (no relist). `None`
+    /// draws it from `[300, 600)` s for each watch, as client-go's reflector does to spread
+    /// the watches of a fleet. A watch that stays silent for this long plus 5 s is taken for
+    /// a dead connection.
     pub watch_timeout: Option<u32>,
-    /// `limit` of each list request (pages are followed with `continue`); `None` lists
-    /// everything at once. Default 500, as client-go's pager.
+    /// `limit` of the list requests that page (`resourceVersion` `""` and `"0"`; see the
+    /// module documentation); pages are followed with `continue`. `None` lists everything at
+    /// once. Default 500, as client-go's pager.
     pub page_size: Option<u32>,
     /// The first retry delay after an error. Default 800 ms (client-go's reflector).
     pub backoff_initial: Duration,
     /// The longest retry delay; delays double up to it. Default 30 s (client-go's reflector).
     pub backoff_max: Duration,
+    /// After this long without a failure (every request of the kind succeeded), the next
+    /// failure is retried after [`ApiOptions::backoff_initial`] again. Default 2 minutes
+    /// (client-go's reflector).
+    pub backoff_reset: Duration,
 }
 
 impl Default for ApiOptions {
@@ -137,6 +148,7 @@ impl Default for ApiOptions {
             page_size: Some(500),
             backoff_initial: Duration::from_millis(800),
             backoff_max: Duration::from_secs(30),
+            backoff_reset: Duration::from_secs(120),
         }
     }
 }
@@ -183,6 +195,7 @@ impl std::error::Error for ApiObjectError {}
 pub struct ApiSource {
     client: Client,
     node_name: String,
+    server: String,
     options: ApiOptions,
     health: watch::Sender<SourceHealth>,
 }
@@ -194,6 +207,7 @@ impl ApiSource {
         ApiSource {
             client,
             node_name: node_name.into(),
+            server: String::new(),
             options: ApiOptions::default(),
             health: watch::Sender::new(SourceHealth::Connecting),
         }
@@ -203,6 +217,16 @@ impl ApiSource {
     #[must_use]
     pub fn with_options(mut self, options: ApiOptions) -> Self {
         self.options = options;
+        self
+    }
+
+    /// Names the API server in the log lines of failed requests (the client's URL, e.g.
+    /// `https://10.0.0.1:6443`, as [`client_with_server`] returns it): `cannot reach the API
+    /// server https://10.0.0.1:6443: watching Services: ...; retrying in 4s`. Without it the
+    /// lines say `cannot reach the API server: ...`.
+    #[must_use]
+    pub fn with_server(mut self, server: impl Into<String>) -> Self {
+        self.server = server.into();
         self
     }
 
@@ -229,28 +253,33 @@ impl ApiSource {
         validate_dns_subdomain(&self.node_name)
             .map_err(|e| SourceError::invalid("node name", format!("{:?}: {e}", self.node_name)))?;
         let health = Health::new(self.health);
-        let options = &self.options;
-        let services = watch_kind::<core::Service>(
+        let server: Arc<str> = Arc::from(self.server.as_str());
+        let settings = |kind| settings(kind, &server, &self.options);
+        let services = reflect::<core::Service>(
             &self.client,
             health.probe(ObjectKind::Service),
-            watcher_config(options).labels(SERVICE_LABEL_SELECTOR),
-            options,
+            settings(ObjectKind::Service),
+            Some(SERVICE_LABEL_SELECTOR),
+            None,
         )
         .map(|e| Item::Service(Box::new(e)))
         .boxed();
-        let slices = watch_kind::<discovery::EndpointSlice>(
+        let slices = reflect::<discovery::EndpointSlice>(
             &self.client,
             health.probe(ObjectKind::EndpointSlice),
-            watcher_config(options).labels(SLICE_LABEL_SELECTOR),
-            options,
+            settings(ObjectKind::EndpointSlice),
+            Some(SLICE_LABEL_SELECTOR),
+            None,
         )
         .map(|e| Item::Slice(Box::new(e)))
         .boxed();
-        let nodes = watch_kind::<core::Node>(
+        let node_selector = format!("metadata.name={}", self.node_name);
+        let nodes = reflect::<core::Node>(
             &self.client,
             health.probe(ObjectKind::Node),
-            watcher_config(options).fields(&format!("metadata.name={}", self.node_name)),
-            options,
+            settings(ObjectKind::Node),
+            None,
+            Some(&node_selector),
         )
         .map(|e| Item::Node(Box::new(e)))
         .boxed();
@@ -266,33 +295,18 @@ impl ApiSource {
                 () = tx.closed() => return Ok(()),
                 item = items.next() => item,
             };
-            // The watchers retry forever; they end only if the backoff gives up, which ours
-            // never does.
+            // The reflectors retry forever; their streams never end.
             let Some(item) = item else {
                 return Ok(());
             };
             let events = match item {
-                Item::Service(event) => handle(
-                    &mut service_store,
-                    *event,
-                    &health.probe(ObjectKind::Service),
-                    &report,
-                    classify_service,
-                ),
-                Item::Slice(event) => handle(
-                    &mut slice_store,
-                    *event,
-                    &health.probe(ObjectKind::EndpointSlice),
-                    &report,
-                    classify_slice,
-                ),
-                Item::Node(event) => handle(
-                    &mut node_store,
-                    *event,
-                    &health.probe(ObjectKind::Node),
-                    &report,
-                    |node| classify_node(node, node_name),
-                ),
+                Item::Service(event) => {
+                    handle(&mut service_store, *event, &report, classify_service)
+                }
+                Item::Slice(event) => handle(&mut slice_store, *event, &report, classify_slice),
+                Item::Node(event) => handle(&mut node_store, *event, &report, |node| {
+                    classify_node(node, node_name)
+                }),
             };
             if events.is_empty() {
                 continue;
@@ -331,7 +345,7 @@ pub async fn watch_api(
 ///   kubeconfig (`$KUBECONFIG`, else `~/.kube/config`), which is handy outside a cluster.
 ///
 /// kube's default retry of `429`/`503`/`504` responses (`Config::default_retry`) is turned
-/// off: the watchers retry with their own backoff, and [`ApiSource::health`] must see each
+/// off: the reflectors retry with their own backoff, and [`ApiSource::health`] must see each
 /// failure when it happens.
 ///
 /// # Errors
@@ -340,6 +354,18 @@ pub async fn client(
     kubeconfig: Option<PathBuf>,
     master: Option<String>,
 ) -> Result<Client, SourceError> {
+    Ok(client_with_server(kubeconfig, master).await?.0)
+}
+
+/// [`client`], and the URL of the API server it talks to (`https://10.0.0.1:6443`, without
+/// a trailing `/`), for [`ApiSource::with_server`] and other messages that name the server.
+///
+/// # Errors
+/// See [`client`].
+pub async fn client_with_server(
+    kubeconfig: Option<PathBuf>,
+    master: Option<String>,
+) -> Result<(Client, String), SourceError> {
     let fail = |context: String| {
         move |e: Box<dyn std::error::Error + Send + Sync>| SourceError::Client {
             context,
@@ -383,42 +409,49 @@ pub async fn client(
         config.cluster_url = uri;
     }
     // kube's own retry layer would retry 429/503/504 up to 15 times (5 ms doubling, for
-    // minutes) inside one request, hiding the outage from the watcher's backoff and from the
-    // health signal. Retrying is the watcher's job.
+    // minutes) inside one request, hiding the outage from the reflectors' backoff and from the
+    // health signal. Retrying is the reflectors' job.
     config.default_retry = false;
-    let url = config.cluster_url.to_string();
-    Client::try_from(config)
-        .map_err(|e| fail(format!("cannot build a client for {url}"))(Box::new(e)))
+    let url = config
+        .cluster_url
+        .to_string()
+        .trim_end_matches('/')
+        .to_string();
+    let client = Client::try_from(config)
+        .map_err(|e| fail(format!("cannot build a client for {url}"))(Box::new(e)))?;
+    Ok((client, url))
 }
 
-/// One watcher's output, tagged with its kind (boxed: the objects are large).
+/// One reflector's event, tagged with its kind (boxed: the objects are large).
 enum Item {
-    Service(Box<Result<Event<core::Service>, watcher::Error>>),
-    Slice(Box<Result<Event<discovery::EndpointSlice>, watcher::Error>>),
-    Node(Box<Result<Event<core::Node>, watcher::Error>>),
+    Service(Box<Event<core::Service>>),
+    Slice(Box<Event<discovery::EndpointSlice>>),
+    Node(Box<Event<core::Node>>),
 }
 
-fn watcher_config(options: &ApiOptions) -> watcher::Config {
-    watcher::Config {
-        timeout: options.watch_timeout,
+/// The reflector settings of one kind.
+fn settings(kind: ObjectKind, server: &Arc<str>, options: &ApiOptions) -> Settings {
+    Settings {
+        kind,
+        server: server.clone(),
         page_size: options.page_size,
-        ..watcher::Config::default()
+        watch_timeout: options.watch_timeout,
+        backoff_initial: options.backoff_initial,
+        backoff_max: options.backoff_max,
+        backoff_reset: options.backoff_reset,
     }
 }
 
-/// The watcher of one kind, through a client that reports to `probe`, with backoff.
-///
-/// `Event::Init` is dropped before the backoff: kube's `StreamBackoff` resets its delay on
-/// every `Ok`, and the watcher emits `Init` before each list attempt, so with it the delay
-/// would never grow while lists fail. The store needs no `Init`: a list starts with its
-/// first `InitApply` (or ends with `InitDone` when empty), and an error drops a partial list
-/// (after a failed list page the watcher always starts over).
-fn watch_kind<K>(
+/// The list/watch loop of one kind (all namespaces, with the selectors), reporting to
+/// `probe`; see [`reflector`]. Adding a kind is one more of these, an [`Item`] variant, a
+/// [`Store`] and a classify function.
+fn reflect<K>(
     client: &Client,
     probe: Probe,
-    config: watcher::Config,
-    options: &ApiOptions,
-) -> BoxStream<'static, Result<Event<K>, watcher::Error>>
+    settings: Settings,
+    labels: Option<&str>,
+    fields: Option<&str>,
+) -> BoxStream<'static, Event<K>>
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -428,42 +461,24 @@ where
         + Sync
         + 'static,
 {
-    let api: Api<K> = Api::all(health::instrumented(client, probe));
-    watcher::watcher(api, config)
-        .filter(|event| futures::future::ready(!matches!(event, Ok(Event::Init))))
-        .backoff(ExponentialBackoff::new(
-            options.backoff_initial,
-            options.backoff_max,
-        ))
-        .boxed()
+    let lw = KubeListerWatcher::<K>::new(
+        client.clone(),
+        labels.map(str::to_string),
+        fields.map(str::to_string),
+    );
+    Reflector::new(lw, settings, probe).into_stream()
 }
 
-/// Applies one watcher output to `store`; returns the events to send.
+/// Applies one reflector event to `store`; returns the events to send.
 fn handle<K, M>(
     store: &mut Store<M>,
-    event: Result<Event<K>, watcher::Error>,
-    probe: &Probe,
+    event: Event<K>,
     errors: &dyn Fn(&ApiObjectError),
     classify: impl Fn(&K) -> (ObjectKey, Outcome<M>),
 ) -> Vec<SourceEvent>
 where
     M: store::Model,
 {
-    let event = match event {
-        Ok(event) => event,
-        Err(e) => {
-            // 410 Gone is the protocol asking for a relist, not a connection problem.
-            let gone = matches!(&e, watcher::Error::WatchError(status) if status.code == 410);
-            if gone {
-                debug!(kind = ?store.kind(), "watch expired (410 Gone); relisting");
-            } else {
-                probe.failure(format!("{:?} watch: {e}", store.kind()));
-            }
-            store.abort_list();
-            return Vec::new();
-        }
-    };
-    probe.success();
     match event {
         Event::Apply(object) => {
             let (key, outcome) = classify(&object);

@@ -85,6 +85,7 @@ fn fast() -> ApiOptions {
         page_size: Some(500),
         backoff_initial: Duration::from_millis(20),
         backoff_max: Duration::from_millis(200),
+        backoff_reset: Duration::from_secs(120),
     }
 }
 
@@ -690,4 +691,190 @@ async fn client_follows_kubeconfig_and_master_like_kube_proxy() {
         panic!("a bad --master must fail");
     };
     assert!(err.to_string().starts_with("invalid --master URL"), "{err}");
+}
+
+/// The lists of `kind` (first pages) in the server's request log.
+fn lists(server: &TestApiServer, kind: ApiKind) -> Vec<kp_testkit::apiserver::ApiRequest> {
+    server
+        .requests()
+        .into_iter()
+        .filter(|r| r.kind == Some(kind) && !r.watch && r.param("continue").is_none())
+        .collect()
+}
+
+/// Issue 23 item 9: a (re)start lists from the API server's watch cache
+/// (`resourceVersion=0`), as client-go's informers do, never with a quorum read from etcd.
+#[tokio::test]
+async fn a_start_lists_from_the_watch_cache_not_with_a_quorum_read() {
+    let server = TestApiServer::start().await.expect("server");
+    put(&server, &service("web", 80, json!({})));
+    put(&server, &slice("web-abc", "10.0.0.4", json!({})));
+    put(&server, &node(NODE, "z1"));
+    for _ in 0..2 {
+        // Started, then stopped, then started again: a restart.
+        let mut h = Harness::start(&server, fast());
+        h.initial().await;
+        open_all(&server).await;
+        let Harness { rx, task, .. } = h;
+        drop(rx);
+        let _ = tokio::time::timeout(WAIT, task).await;
+    }
+    let requests = server.requests();
+    let quorum: Vec<_> = requests.iter().filter(|r| r.is_quorum_list()).collect();
+    assert!(quorum.is_empty(), "quorum lists: {quorum:#?}");
+    for kind in ApiKind::ALL {
+        let lists = lists(&server, kind);
+        assert_eq!(lists.len(), 2, "{lists:#?}");
+        for list in lists {
+            assert_eq!(list.param("resourceVersion"), Some("0"), "{}", list.uri);
+            assert_eq!(
+                list.param("resourceVersionMatch"),
+                Some("NotOlderThan"),
+                "{}",
+                list.uri
+            );
+        }
+    }
+}
+
+/// Issue 24 item 2: the API server's resourceVersion goes backwards (etcd restored from a
+/// backup): the watches are answered "Too large resource version", the source lists again
+/// with a quorum read (not from the cache: resourceVersion `""`) and applies what changed
+/// at once, then keeps watching.
+#[tokio::test]
+async fn a_server_gone_back_in_time_is_relisted_with_a_quorum_read() {
+    let web = service("web", 80, json!({}));
+    let server = TestApiServer::start().await.expect("server");
+    put(&server, &web);
+    put(&server, &node(NODE, "z1"));
+    let backup = server.backup();
+    let mut h = Harness::start(&server, fast());
+    h.initial().await;
+    open_all(&server).await;
+    // Seen by the source after the backup was taken.
+    let db = service("db", 5432, json!({}));
+    put(&server, &db);
+    assert_eq!(h.next().await, vec![svc_up(&db)]);
+    let cache = service("cache", 6379, json!({}));
+    put(&server, &cache);
+    assert_eq!(h.next().await, vec![svc_up(&cache)]);
+    let seen = server.resource_version();
+
+    // The restore, then a change made while the source could not see it.
+    server.restore(&backup);
+    let web2 = service("web", 81, json!({}));
+    put(&server, &web2);
+    assert!(server.resource_version() < seen);
+    let batch = tokio::time::timeout(Duration::from_secs(3), h.rx.recv())
+        .await
+        .expect("the restored state within 3 s")
+        .expect("a batch");
+    assert_eq!(
+        batch,
+        vec![
+            svc_up(&web2),
+            SourceEvent::ServiceDelete(nn("cache")),
+            SourceEvent::ServiceDelete(nn("db")),
+        ]
+    );
+    h.quiet().await;
+    h.wait_health(SourceHealth::is_connected).await;
+
+    // The Service lists: from the cache at start, then not older than what was seen
+    // (answered too large), then the quorum read.
+    let rvs: Vec<Option<String>> = lists(&server, ApiKind::Service)
+        .iter()
+        .map(|r| r.resource_version.clone())
+        .collect();
+    assert_eq!(
+        rvs,
+        vec![Some("0".to_string()), Some(seen.to_string()), None],
+        "{:#?}",
+        server.requests()
+    );
+
+    // And it keeps watching from the restored server's resourceVersions.
+    open_all(&server).await;
+    let api = service("api", 443, json!({}));
+    put(&server, &api);
+    assert_eq!(h.next().await, vec![svc_up(&api)]);
+}
+
+/// Options whose backoff is long enough to be seen: a re-watch that waited for it would
+/// miss the deadlines below.
+fn slow_backoff() -> ApiOptions {
+    ApiOptions {
+        backoff_initial: Duration::from_secs(4),
+        backoff_max: Duration::from_secs(4),
+        ..fast()
+    }
+}
+
+/// Issue 24 item 2: a watch the server ends (its timeout), that is cut mid-stream or whose
+/// connection is reset is watched again at once, not after a backoff delay.
+#[tokio::test]
+async fn ended_and_cut_watches_are_watched_again_at_once() {
+    let server = TestApiServer::start().await.expect("server");
+    put(&server, &service("web", 80, json!({})));
+    let mut h = Harness::start(&server, slow_backoff());
+    h.initial().await;
+    open_all(&server).await;
+    for round in 0..4 {
+        // A watch that lasted a while (one ended within a second without events would
+        // wait for the backoff).
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        match round {
+            0 | 3 => server.end_watches(),
+            1 => server.drop_connections(),
+            _ => server.reset_connections(),
+        }
+        let svc = service(&format!("svc-{round}"), 80, json!({}));
+        put(&server, &svc);
+        let batch = tokio::time::timeout(Duration::from_secs(2), h.rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: not watched again at once"))
+            .expect("a batch");
+        assert_eq!(batch, vec![svc_up(&svc)]);
+        open_all(&server).await;
+    }
+    assert_eq!(server.list_count(ApiKind::Service), 1);
+    h.wait_health(SourceHealth::is_connected).await;
+}
+
+/// Issue 24 item 2: after an outage that drove the backoff to its cap, the delay starts
+/// over once the source has been healthy for `backoff_reset`: a later short outage is
+/// over for the source within a few initial delays, not after the cap.
+#[tokio::test]
+async fn the_backoff_starts_over_after_a_healthy_period() {
+    let server = TestApiServer::start().await.expect("server");
+    put(&server, &service("web", 80, json!({})));
+    let options = ApiOptions {
+        backoff_initial: Duration::from_millis(200),
+        backoff_max: Duration::from_secs(4),
+        backoff_reset: Duration::from_secs(1),
+        ..fast()
+    };
+    let mut h = Harness::start(&server, options);
+    h.initial().await;
+    open_all(&server).await;
+    // 200 ms doubling to 4 s: the cap is reached within 6.2-9.3 s of failures.
+    server.set_unavailable(true);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    server.set_unavailable(false);
+    h.wait_health(SourceHealth::is_connected).await; // within the 4 s cap (WAIT is 5 s)
+    open_all(&server).await;
+    // Healthy for longer than backoff_reset.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    server.set_unavailable(true);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.set_unavailable(false);
+    let back = tokio::time::Instant::now();
+    let web2 = service("web", 81, json!({}));
+    put(&server, &web2);
+    let batch = tokio::time::timeout(Duration::from_millis(2500), h.rx.recv())
+        .await
+        .expect("the short outage was retried from the initial delay, not the 4 s cap")
+        .expect("a batch");
+    assert_eq!(batch, vec![svc_up(&web2)]);
+    assert!(back.elapsed() < Duration::from_millis(2500));
 }

@@ -13,8 +13,14 @@
 //!   `labelSelector` and `fieldSelector` filter; `limit` and `continue` paginate, every page
 //!   coming from the same snapshot (the continue token names the snapshot's resourceVersion;
 //!   a token older than the last [`TestApiServer::expire_watches`] is answered `410 Gone`).
-//!   `resourceVersion`/`resourceVersionMatch` on a list are accepted and ignored (the list
-//!   is always the most recent state).
+//!   `resourceVersion` on a list is read as the real server reads it: absent or empty is a
+//!   quorum read (in the real server: from etcd), `0` is "any version" (from the watch cache),
+//!   and `N` (`resourceVersionMatch=NotOlderThan`, the default) is "not older than N": when N
+//!   is beyond the server's current resourceVersion the answer is the real server's
+//!   `504` "Too large resource version" `Status` (reason `Timeout`, cause
+//!   `ResourceVersionTooLarge`). Otherwise every list is served from the current state (the
+//!   test server has one store; which reads would be quorum reads is in the request log, see
+//!   [`ApiRequest::is_quorum_list`]).
 //! - **Watch** (`watch=true` or `watch=1`): `200 OK` with a chunked body of JSON lines
 //!   `{"type":"ADDED"|"MODIFIED"|"DELETED"|"BOOKMARK"|"ERROR","object":{...}}`.
 //!   With `resourceVersion=N` it first replays every change after N, then streams live
@@ -26,7 +32,10 @@
 //!   that long. A watch from a resourceVersion older than the last
 //!   [`TestApiServer::expire_watches`] gets `200 OK` and one `ERROR` event with a `Status`
 //!   of code 410 (`reason: Expired`), exactly like the real server's watch cache, and then
-//!   the stream ends.
+//!   the stream ends. A watch from a resourceVersion beyond the current one (after
+//!   [`TestApiServer::restore`] took the server back in time, as an etcd restored from a
+//!   backup does) gets `200 OK` and one `ERROR` event with the `504` "Too large resource
+//!   version" `Status`, as the real server's watch cache answers, and then the stream ends.
 //! - **resourceVersion**: one counter for all kinds, incremented by every change; each
 //!   stored object carries it in `metadata.resourceVersion` (and gets a `metadata.uid`).
 //! - **Selectors**: label requirements `key`, `!key`, `key=value`, `key==value`,
@@ -37,9 +46,14 @@
 //! The test controls what happens: [`TestApiServer::upsert`] / [`TestApiServer::delete`]
 //! change objects, [`TestApiServer::drop_connections`] breaks every open watch mid-stream
 //! (the chunked body is cut without its terminating chunk),
+//! [`TestApiServer::reset_connections`] breaks them with a TCP reset,
 //! [`TestApiServer::expire_watches`] makes every watch older than now relist,
-//! [`TestApiServer::set_unavailable`] answers everything `503` (and breaks open watches),
-//! and [`TestApiServer::requests`] tells what the client asked for.
+//! [`TestApiServer::end_watches`] ends every open watch cleanly (as the real server does
+//! after `timeoutSeconds`), [`TestApiServer::backup`] and [`TestApiServer::restore`] take the
+//! whole store (objects and resourceVersion) back to an earlier state, as restoring etcd from
+//! a backup does, [`TestApiServer::set_unavailable`] answers everything `503` (and breaks
+//! open watches), and [`TestApiServer::requests`] is the request log: what the client asked
+//! for, with every query parameter.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -62,7 +76,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -175,17 +189,60 @@ impl fmt::Display for ApiKind {
 }
 
 /// One request the server received (for assertions: how many lists, from which
-/// resourceVersion a watch resumed, ...).
+/// resourceVersion a watch resumed, whether a list was a quorum read, ...).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiRequest {
+    /// The HTTP method (`GET`).
+    pub method: String,
     /// The kind listed or watched; `None` for other paths.
     pub kind: Option<ApiKind>,
     /// Whether it was a watch (`watch=true`).
     pub watch: bool,
     /// The `resourceVersion` parameter, when given.
     pub resource_version: Option<String>,
+    /// Every query parameter, decoded (`resourceVersion`, `resourceVersionMatch`, `limit`,
+    /// `continue`, `sendInitialEvents`, `timeoutSeconds`, the selectors, ...).
+    pub query: BTreeMap<String, String>,
     /// The path and query as received.
     pub uri: String,
+}
+
+impl ApiRequest {
+    /// A query parameter, when given.
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.query.get(name).map(String::as_str)
+    }
+
+    /// Whether this is the first page of a list that a real API server answers with a
+    /// quorum read from etcd: a list (not a watch) of a stored kind with no
+    /// `resourceVersion` (or an empty one) and no `continue` token. Lists with
+    /// `resourceVersion=0` (any version) or `resourceVersion=N` (not older than N) are served
+    /// from the watch cache; `resourceVersionMatch=Exact` lists are not counted either. The
+    /// continuation pages of a list are not counted (they belong to the list that started
+    /// them).
+    pub fn is_quorum_list(&self) -> bool {
+        self.kind.is_some()
+            && !self.watch
+            && self.param("continue").is_none_or(str::is_empty)
+            && self.resource_version.as_deref().is_none_or(str::is_empty)
+    }
+}
+
+/// A copy of the server's whole state (objects, history and resourceVersion), taken by
+/// [`TestApiServer::backup`] and put back by [`TestApiServer::restore`].
+#[derive(Debug, Clone)]
+pub struct Backup {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    history: Vec<Arc<Change>>,
+    compacted: u64,
+}
+
+impl Backup {
+    /// The resourceVersion the backup was taken at.
+    pub fn resource_version(&self) -> u64 {
+        self.rv
+    }
 }
 
 /// The test API server; see the module documentation. Dropping it stops accepting
@@ -221,6 +278,8 @@ enum Msg {
     Drop,
     /// Send `ERROR` 410 and end every open watch.
     Expire,
+    /// End every open watch cleanly (the terminating chunk is sent).
+    End,
     /// Send a `BOOKMARK` at this resourceVersion.
     Bookmark(u64),
 }
@@ -240,6 +299,95 @@ struct Shared {
     store: Mutex<Store>,
     events: broadcast::Sender<Msg>,
     open_watches: [AtomicUsize; 3],
+    /// Bumped by [`TestApiServer::reset_connections`]: a connection accepted before closes
+    /// with a reset.
+    reset_generation: Arc<AtomicU64>,
+}
+
+/// The server's listener: its connections close with a TCP reset after
+/// [`TestApiServer::reset_connections`].
+struct ResettingListener {
+    inner: tokio::net::TcpListener,
+    generation: Arc<AtomicU64>,
+}
+
+impl axum::serve::Listener for ResettingListener {
+    type Io = ResettingStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (ResettingStream, SocketAddr) {
+        loop {
+            match self.inner.accept().await {
+                Ok((stream, addr)) => {
+                    let stream = ResettingStream {
+                        inner: stream,
+                        born: self.generation.load(Ordering::SeqCst),
+                        generation: self.generation.clone(),
+                    };
+                    return (stream, addr);
+                }
+                // Out of file descriptors and the like: try again shortly, as axum does.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+/// A connection that, when closed after a reset was asked for, sends a TCP reset (`SO_LINGER`
+/// 0) instead of an orderly close: the client reads `ECONNRESET`.
+struct ResettingStream {
+    inner: tokio::net::TcpStream,
+    born: u64,
+    generation: Arc<AtomicU64>,
+}
+
+impl Drop for ResettingStream {
+    fn drop(&mut self) {
+        if self.generation.load(Ordering::SeqCst) != self.born {
+            // Linger 0: the close sends a reset at once (tokio deprecates set_linger for
+            // the blocking close of a non-zero linger, which this is not).
+            #[allow(deprecated)]
+            let _ = self.inner.set_linger(Some(Duration::ZERO));
+        }
+    }
+}
+
+impl tokio::io::AsyncRead for ResettingStream {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for ResettingStream {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 impl Shared {
@@ -268,8 +416,13 @@ impl TestApiServer {
             }),
             events,
             open_watches: Default::default(),
+            reset_generation: Arc::default(),
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
+        let listener = ResettingListener {
+            inner: listener,
+            generation: shared.reset_generation.clone(),
+        };
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 tracing::warn!(error = %e, "test API server stopped");
@@ -444,6 +597,50 @@ impl TestApiServer {
         let _ = self.shared.events.send(Msg::Bookmark(store.rv));
     }
 
+    /// Resets every open watch's connection: the server closes it with a TCP reset, as a
+    /// load balancer or a restarting node does, and the client reads `ECONNRESET` (an error,
+    /// where [`TestApiServer::drop_connections`] gives an early end of stream). The client is
+    /// expected to watch again from the last resourceVersion it saw.
+    pub fn reset_connections(&self) {
+        let _store = self.shared.lock();
+        self.shared.reset_generation.fetch_add(1, Ordering::SeqCst);
+        let _ = self.shared.events.send(Msg::Drop);
+    }
+
+    /// Ends every open watch cleanly, as the real server does when a watch's
+    /// `timeoutSeconds` is up: the chunked body is terminated, nothing is cut. The client is
+    /// expected to watch again from the last resourceVersion it saw, at once.
+    pub fn end_watches(&self) {
+        let _store = self.shared.lock();
+        let _ = self.shared.events.send(Msg::End);
+    }
+
+    /// A copy of the whole store now, for [`TestApiServer::restore`].
+    pub fn backup(&self) -> Backup {
+        let store = self.shared.lock();
+        Backup {
+            rv: store.rv,
+            objects: store.objects.clone(),
+            history: store.history.clone(),
+            compacted: store.compacted,
+        }
+    }
+
+    /// Takes the server back to `backup`, as restoring etcd from a backup does: the objects,
+    /// the history and the resourceVersion are the backup's, so the resourceVersion goes
+    /// backwards, and every open watch is cut (the API servers are restarted after a
+    /// restore). A client resuming from a resourceVersion it saw after the backup then gets
+    /// the real server's "Too large resource version" answers (see the module
+    /// documentation) until it lists again without a resourceVersion (a quorum read).
+    pub fn restore(&self, backup: &Backup) {
+        let mut store = self.shared.lock();
+        store.rv = backup.rv;
+        store.objects = backup.objects.clone();
+        store.history = backup.history.clone();
+        store.compacted = backup.compacted;
+        let _ = self.shared.events.send(Msg::Drop);
+    }
+
     /// While `true`, every request is answered `503 Service Unavailable` (a `Status`), and
     /// turning it on cuts every open watch.
     pub fn set_unavailable(&self, unavailable: bool) {
@@ -525,6 +722,22 @@ fn status_json(code: u16, reason: &str, message: &str) -> Value {
     })
 }
 
+/// The real API server's answer to a request for a resourceVersion beyond its current one
+/// (`k8s.io/apiserver`'s `NewTooLargeResourceVersionError`: a `504` `Timeout` with the cause
+/// `ResourceVersionTooLarge`, retry after 1 s).
+fn too_large_json(requested: u64, current: u64) -> Value {
+    let mut status = status_json(
+        504,
+        "Timeout",
+        &format!("Timeout: Too large resource version: {requested}, current: {current}"),
+    );
+    status["details"] = json!({
+        "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+        "retryAfterSeconds": 1,
+    });
+    status
+}
+
 fn json_response(value: &Value) -> Response {
     (
         StatusCode::OK,
@@ -541,6 +754,8 @@ async fn handle(
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
     let path = uri.path().to_string();
+    let params: BTreeMap<String, String> =
+        query.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     let target = ApiKind::from_path(&path);
     let watch = matches!(
         query.get("watch").map(String::as_str),
@@ -550,9 +765,11 @@ async fn handle(
     {
         let mut store = shared.lock();
         store.requests.push(ApiRequest {
+            method: method.to_string(),
             kind: target.as_ref().map(|(k, _)| *k),
             watch,
             resource_version: resource_version.clone(),
+            query: params,
             uri: uri.to_string(),
         });
         if store.unavailable {
@@ -630,7 +847,32 @@ fn list(
 ) -> Response {
     let store = shared.lock();
     let (snapshot_rv, offset) = match query.get("continue").filter(|c| !c.is_empty()) {
-        None => (store.rv, 0),
+        None => {
+            // resourceVersion N (not older than N): the real server waits a little for its
+            // cache to reach N, then answers "Too large resource version".
+            let min = query
+                .get("resourceVersion")
+                .filter(|r| !r.is_empty() && r.as_str() != "0");
+            if let Some(text) = min {
+                let Ok(min) = text.parse::<u64>() else {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        &format!("invalid resourceVersion {text:?}"),
+                    );
+                };
+                if min > store.rv {
+                    let body = too_large_json(min, store.rv);
+                    return (
+                        StatusCode::GATEWAY_TIMEOUT,
+                        [(header::CONTENT_TYPE, "application/json")],
+                        body.to_string(),
+                    )
+                        .into_response();
+                }
+            }
+            (store.rv, 0)
+        }
         Some(token) => {
             let parsed = token
                 .split_once(':')
@@ -808,6 +1050,10 @@ fn start_watch(
                 if from < store.compacted {
                     expired = true;
                     first.push(expired_line(from, store.compacted));
+                } else if from > store.rv {
+                    // As the real server's watch cache: a 200 stream with one ERROR event.
+                    expired = true;
+                    first.push(event_line("ERROR", &too_large_json(from, store.rv)));
                 } else {
                     for change in store.history.iter().filter(|c| c.rv > from) {
                         if change.kind == kind
@@ -932,6 +1178,7 @@ impl Watch {
                         }),
                     )
                 }
+                Ok(Msg::End) => return,
                 Ok(Msg::Expire) => {
                     let compacted = self.shared.lock().compacted;
                     let _ = self.tx.send(Ok(expired_line(from, compacted))).await;

@@ -1,18 +1,16 @@
 //! [`SourceHealth`]: whether the API source is connected, from what each kind's requests and
 //! watch streams do.
 //!
-//! kube's watcher says when something failed but not when a retried watch has succeeded (a
-//! re-established watch emits nothing until an object changes), so each kind's client is
-//! wrapped ([`instrumented`]) to see every HTTP response: a `2xx` (or `410 Gone`, which is
-//! part of the protocol) means the server is reachable for that kind; another status or a
-//! transport error means it is not. The watcher's own errors (a broken stream, an `ERROR`
-//! event) count as failures too, and every event it delivers as a success.
+//! Each kind's reflector ([`super::reflector`]) reports every request: a list page or a
+//! watch that the server answered, and every watch event, is a success; a request that
+//! failed (a transport error, an error status, an `ERROR` event other than the protocol's
+//! `410 Expired` and "Too large resource version", which ask for a relist) is a failure. A
+//! watch stream that ends or breaks is neither: the re-watch that follows says.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use kp_model::ObjectKind;
-use kube::Client;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -166,31 +164,6 @@ impl Probe {
         let error = kp_model::escape(&error).into_owned();
         self.health.set(self.kind, Err(error));
     }
-}
-
-/// A client that sends through `client` and tells `probe` how each request went.
-pub(crate) fn instrumented(client: &Client, probe: Probe) -> Client {
-    let inner = client.clone();
-    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
-        let inner = inner.clone();
-        let probe = probe.clone();
-        async move {
-            let result = inner.send(request).await;
-            match &result {
-                Ok(response) => {
-                    let status = response.status();
-                    if status.is_success() || status == http::StatusCode::GONE {
-                        probe.success();
-                    } else {
-                        probe.failure(format!("{:?}: HTTP {status}", probe.kind));
-                    }
-                }
-                Err(e) => probe.failure(format!("{:?}: {e}", probe.kind)),
-            }
-            result
-        }
-    });
-    Client::new(service, client.default_namespace())
 }
 
 #[cfg(test)]

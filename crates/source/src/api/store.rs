@@ -1,7 +1,7 @@
 //! [`Store`]: what the API source has delivered of one kind, and the events that bring the
 //! proxy from there to what the API server says now.
 //!
-//! Pure and synchronous; [`super::ApiSource::run`] feeds it the watcher's events.
+//! Pure and synchronous; [`super::ApiSource::run`] feeds it the reflector's events.
 //!
 //! The store remembers what it delivered by [`Digest`] only, not the objects: the tracker
 //! holds the one copy of each object (see [`crate::digest`]).
@@ -93,11 +93,6 @@ impl<M: Model> Store<M> {
             listing: None,
             synced: false,
         }
-    }
-
-    /// The kind stored.
-    pub(crate) fn kind(&self) -> ObjectKind {
-        self.kind
     }
 
     /// A watch event `ADDED`/`MODIFIED`: the events it causes (none, one upsert or one
