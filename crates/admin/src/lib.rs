@@ -25,6 +25,7 @@ pub mod clock;
 pub mod listen;
 pub mod metrics;
 pub mod nfacct;
+pub mod process;
 pub mod proxy_health;
 pub mod server;
 pub mod service_health;
@@ -33,7 +34,8 @@ pub mod userspace;
 pub use clock::{Clock, ManualClock, SharedClock, TokioClock, go_time_string};
 pub use listen::parse_bind_address;
 pub use metrics::{
-    DEFAULT_METRICS_PORT, Metrics, ProxyMode, TrafficPolicy, metrics_router, metrics_server,
+    BuildInfo, DEFAULT_METRICS_PORT, Metrics, ProxyMode, TrafficPolicy, metrics_router,
+    metrics_server,
 };
 pub use nfacct::{NfacctPackets, NfacctReader};
 pub use proxy_health::{

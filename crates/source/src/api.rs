@@ -340,6 +340,23 @@ pub async fn client(
     kubeconfig: Option<PathBuf>,
     master: Option<String>,
 ) -> Result<Client, SourceError> {
+    let config = config(kubeconfig, master).await?;
+    let url = config.cluster_url.to_string();
+    Client::try_from(config).map_err(|e| SourceError::Client {
+        context: format!("cannot build a client for {url}"),
+        source: Box::new(e),
+    })
+}
+
+/// The kube configuration [`client`] builds its client from (the API server's URL is
+/// `cluster_url`, which the request metrics label their `host` with).
+///
+/// # Errors
+/// As [`client`].
+pub async fn config(
+    kubeconfig: Option<PathBuf>,
+    master: Option<String>,
+) -> Result<kube::Config, SourceError> {
     let fail = |context: String| {
         move |e: Box<dyn std::error::Error + Send + Sync>| SourceError::Client {
             context,
@@ -386,9 +403,7 @@ pub async fn client(
     // minutes) inside one request, hiding the outage from the watcher's backoff and from the
     // health signal. Retrying is the watcher's job.
     config.default_retry = false;
-    let url = config.cluster_url.to_string();
-    Client::try_from(config)
-        .map_err(|e| fail(format!("cannot build a client for {url}"))(Box::new(e)))
+    Ok(config)
 }
 
 /// One watcher's output, tagged with its kind (boxed: the objects are large).
