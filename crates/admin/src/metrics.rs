@@ -26,6 +26,15 @@
 //! | `kubeproxy_iptables_localhost_nodeports_accepted_packets_total` | counter, likewise | | iptables |
 //! | `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`, `..._cleanup_failures_total` | counter | ip_family | nftables |
 //!
+//! And, in every mode, what component-base gives every Kubernetes component:
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `process_*` (CPU, fds, memory, start time, network bytes) | counter / gauge, read from `/proc` at scrape time ([`crate::process`]) | |
+//! | `rest_client_requests_total` | counter ([`Metrics::rest_client_request`]) | code, host, method |
+//! | `rest_client_request_duration_seconds` | histogram, 5 ms … 60 s ([`REST_CLIENT_BUCKETS`]) | host, verb |
+//! | `kubernetes_build_info` | gauge, 1 ([`Metrics::set_build_info`]) | major, minor, git_version, git_commit, git_tree_state, build_date, go_version, compiler, platform |
+//!
 //! kube-proxy-rs adds, only when it watches the API server (not with `--manifests`), two
 //! metrics of its own, outside upstream's `kubeproxy_` namespace so no dashboard confuses them:
 //!
@@ -1160,8 +1169,8 @@ mod tests {
             "# TYPE rest_client_request_duration_seconds histogram",
             r#"rest_client_request_duration_seconds_bucket{host="10.96.0.1:443",verb="GET",le="0.005"} 1"#,
             r#"rest_client_request_duration_seconds_bucket{host="10.96.0.1:443",verb="GET",le="0.025"} 2"#,
-            r#"rest_client_request_duration_seconds_bucket{host="10.96.0.1:443",verb="POST",le="1.0"} 0"#,
-            r#"rest_client_request_duration_seconds_bucket{host="10.96.0.1:443",verb="POST",le="60.0"} 1"#,
+            r#"rest_client_request_duration_seconds_bucket{host="10.96.0.1:443",verb="POST",le="1"} 0"#,
+            r#"rest_client_request_duration_seconds_bucket{host="10.96.0.1:443",verb="POST",le="60"} 1"#,
             r#"rest_client_request_duration_seconds_count{host="10.96.0.1:443",verb="POST"} 1"#,
             "# TYPE kubernetes_build_info gauge",
             r#"kubernetes_build_info{build_date="",compiler="rustc",git_commit="",git_tree_state="",git_version="v1.35.0",go_version="",major="1",minor="35",platform="linux/amd64"} 1"#,

@@ -663,7 +663,12 @@ pub fn cleanup<I: Iptables + ?Sized>(ipt: &I) -> Result<CleanupPlan, ProxierErro
     Ok(plan)
 }
 
-/// Rules (`-A` lines) in an `iptables-restore` payload, per table.
+/// How much of a payload line [`RuleCounter`] looks at: enough for `-A POSTROUTING ` and
+/// `*filter`.
+const HEAD: usize = 24;
+
+/// Rules (`-A` lines of kube-proxy's own chains, not the jumps from the built-in chains) in
+/// an `iptables-restore` payload, per table.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RuleCount {
     /// In `*filter` blocks.
@@ -689,7 +694,7 @@ struct RuleCounter<W: std::io::Write> {
     inner: W,
     /// The table of the current block (`*filter`, `*nat`, another).
     table: Option<Table>,
-    /// The start of the current line (enough to tell `-A ` and `*table` apart).
+    /// The start of the current line (enough to tell `-A CHAIN ` and `*table` apart).
     head: Vec<u8>,
     count: RuleCount,
 }
@@ -699,7 +704,7 @@ impl<W: std::io::Write> RuleCounter<W> {
         RuleCounter {
             inner,
             table: None,
-            head: Vec::with_capacity(16),
+            head: Vec::with_capacity(HEAD),
             count: RuleCount::default(),
         }
     }
@@ -714,7 +719,14 @@ impl<W: std::io::Write> RuleCounter<W> {
             self.table = std::str::from_utf8(name)
                 .ok()
                 .and_then(|n| Table::from_name(n.trim()));
-        } else if head.starts_with(b"-A ") {
+        } else if let Some(rule) = head.strip_prefix(b"-A ") {
+            // Upstream counts the rules of its own chains: the jumps from the built-in chains
+            // are not in its restore (it ensures them apart), so they are not counted here.
+            let chain = rule.split(|&b| b == b' ').next().unwrap_or_default();
+            if is_builtin_chain(&String::from_utf8_lossy(chain)) {
+                self.head.clear();
+                return;
+            }
             match self.table {
                 Some(Table::Filter) => self.count.filter += 1,
                 Some(Table::Nat) => self.count.nat += 1,
@@ -731,7 +743,7 @@ impl<W: std::io::Write> std::io::Write for RuleCounter<W> {
         for &b in &buf[..n] {
             if b == b'\n' {
                 self.end_line();
-            } else if self.head.len() < 16 {
+            } else if self.head.len() < HEAD {
                 self.head.push(b);
             }
         }
