@@ -21,6 +21,41 @@ use kp_proxier::{ProxierError, SyncReport};
 use kp_runtime::{PendingChanges, SyncObserver};
 use tracing::warn;
 
+/// The Kubernetes release whose kube-proxy this one mirrors (flags, configuration, rules,
+/// metrics; the `v1_35` API of k8s-openapi): `kubernetes_build_info`'s `major`/`minor`.
+pub const KUBERNETES_RELEASE: (&str, &str) = ("1", "35");
+
+/// `kubernetes_build_info`'s labels for this binary: `git_version`
+/// `v1.35.0+kube-proxy-rs.<version>` (the mirrored release, so that alerts comparing the
+/// components' major.minor, as kubernetes-mixin's `KubeVersionMismatch`, see one release,
+/// and this program's own version as semver build metadata), `compiler` `rustc`, `go_version`
+/// the rustc version, `platform` `linux/<GOARCH>`; the commit, tree state and build date
+/// as the build set them (see `build.rs`).
+pub fn build_info() -> kp_admin::BuildInfo {
+    let (major, minor) = KUBERNETES_RELEASE;
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    };
+    kp_admin::BuildInfo {
+        major: major.into(),
+        minor: minor.into(),
+        git_version: format!(
+            "v{major}.{minor}.0+kube-proxy-rs.{}",
+            env!("CARGO_PKG_VERSION")
+        ),
+        git_commit: env!("KP_GIT_COMMIT").into(),
+        git_tree_state: env!("KP_GIT_TREE_STATE").into(),
+        build_date: env!("KP_BUILD_DATE").into(),
+        go_version: format!("rustc{}", env!("KP_RUSTC_VERSION")),
+        compiler: "rustc".into(),
+        platform: format!("{}/{arch}", std::env::consts::OS),
+    }
+}
+
 /// The shared health and metrics state of the process.
 #[derive(Clone)]
 pub struct Admin {
@@ -30,6 +65,11 @@ pub struct Admin {
     pub metrics: Metrics,
     /// Per-Service health-check servers; `None` in one-shot runs.
     pub service_health: Option<Arc<ServiceHealthServer>>,
+    /// Where events are posted; `None` without an API server (`--manifests`) and in
+    /// one-shot runs.
+    pub events: Option<crate::events::Events>,
+    /// The node name (in the events' notes).
+    pub node: String,
 }
 
 impl Admin {
@@ -44,6 +84,8 @@ impl Admin {
                 Metrics::new(mode)
             },
             service_health: None,
+            events: None,
+            node: String::new(),
         }
     }
 
@@ -191,6 +233,16 @@ impl SyncObserver for Observer {
         }
     }
 
+    fn node_changed(&self, _family: IpFamily, node: Option<&Node>) {
+        // Upstream's NodeEligibleHandler: every Node event updates /healthz at once. A deleted
+        // Node is not eligible (upstream's NodeEligible: the Node exists, is not being
+        // deleted, has no ToBeDeletedByClusterAutoscaler taint).
+        match node {
+            Some(node) => self.admin.health.sync_node(node),
+            None => self.admin.health.node_eligible(false),
+        }
+    }
+
     fn received(&self, _family: IpFamily, services: u64, endpoint_slices: u64) {
         if self.primary {
             self.admin.metrics.changes_seen(services, endpoint_slices);
@@ -219,9 +271,13 @@ impl SyncObserver for Observer {
         self.admin.health.updated(family);
         m.rules_total(family, "filter", report.filter_rules);
         m.rules_total(family, "nat", report.nat_rules);
-        m.rules_last(family, "filter", report.filter_rules);
-        m.rules_last(family, "nat", report.nat_rules);
-        m.conntrack_reconciled(family, Duration::ZERO, report.conntrack_deleted as u64);
+        // Upstream: `..._iptables_total` the rules in the table, `..._iptables_last` the rules
+        // this sync wrote (fewer than the total after a partial sync).
+        m.rules_last(family, "filter", report.filter_rules_written);
+        m.rules_last(family, "nat", report.nat_rules_written);
+        if let Some(took) = report.conntrack_time {
+            m.conntrack_reconciled(family, took, report.conntrack_deleted as u64);
+        }
         let (internal, external) = no_local_endpoints(snapshot);
         m.no_local_endpoints(family, TrafficPolicy::Internal, internal);
         m.no_local_endpoints(family, TrafficPolicy::External, external);
@@ -240,6 +296,18 @@ impl SyncObserver for Observer {
             let (ports, local) = health_checks(snapshot);
             for failure in server.sync_services(&ports) {
                 warn!(service = %failure.service, port = failure.port, error = %failure.error, "cannot serve a health check node port; retrying at the next sync");
+                if let Some(events) = &self.admin.events {
+                    events.post(
+                        true,
+                        "FailedToStartServiceHealthcheck",
+                        "Listen",
+                        Some(format!(
+                            "node {} failed to start healthcheck \"{}\" on port {}: {}",
+                            self.admin.node, failure.service, failure.port, failure.error
+                        )),
+                        crate::events::Events::service_ref(&failure.service),
+                    );
+                }
             }
             server.sync_endpoints(&local);
         }

@@ -398,7 +398,8 @@ pub struct ProxyArgs {
     #[arg(long)]
     pub once: bool,
 
-    /// Log verbosity like klog's -v: 0-1 info, 2-3 debug, 4+ trace (RUST_LOG overrides).
+    /// Log verbosity like klog's -v: 0-1 info, 2-3 debug, 4+ trace; from 6 on also the
+    /// API client's requests (RUST_LOG overrides).
     #[arg(short = 'v', long = "v", default_value_t = 0, value_name = "N")]
     pub verbosity: u8,
 
@@ -548,8 +549,9 @@ pub struct CompatArgs {
     #[arg(long, allow_hyphen_values = true, default_value = "0s", value_parser = parse_duration)]
     pub ipvs_udp_timeout: Duration,
 
-    /// Log format: `text` (the only one here) or `json` (accepted, logs stay text).
-    #[arg(long, default_value = "text", value_parser = ["text", "json"], hide = true)]
+    /// Log format: `text`, or `json` (one JSON object per line on stderr, in klog's JSON
+    /// shape: ts, caller, msg, v, err, fields).
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub logging_format: String,
 
     /// Maximum time between log flushes (logs are written unbuffered here).
@@ -633,7 +635,6 @@ impl CompatArgs {
             "show_hidden_metrics_for_version",
             "--show-hidden-metrics-for-version",
         ),
-        ("logging_format", "--logging-format"),
         ("log_flush_frequency", "--log-flush-frequency"),
         ("vmodule", "--vmodule"),
         ("log_text_split_stream", "--log-text-split-stream"),

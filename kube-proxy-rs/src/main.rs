@@ -8,11 +8,15 @@ mod cli;
 mod compat;
 mod config;
 mod config_watch;
+mod configz;
+mod events;
 mod ipvs_mode;
+mod logging;
 mod nfacct;
 mod nodesetup;
 mod ping;
 mod proxy;
+mod restclient;
 mod sandbox;
 mod trace;
 mod userspace_mode;
@@ -20,31 +24,8 @@ mod userspace_mode;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
-use tracing_subscriber::EnvFilter;
 
 use cli::{Cli, Command};
-
-fn init_tracing(verbosity: u8) {
-    let default = match verbosity {
-        0 | 1 => "info",
-        2 | 3 => "debug",
-        _ => "trace",
-    };
-    // notify's inotify backend logs two expected messages when a watched subdirectory is
-    // deleted: "unable to remove watch descriptor" at INFO, and "Unable to remove the path
-    // from the watches: ... WatchNotFound" at WARN (the parent's DELETE event and the
-    // directory's own DELETE_SELF each drop the same watch; the second finds it gone). They
-    // are its only messages at those levels, and neither means a change is missed: watch
-    // errors reach the source's handler, which reloads and logs them itself.
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(format!("{default},notify=warn,notify::inotify=error")));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-}
 
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
@@ -111,11 +92,11 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Some(Command::Sandbox(args)) => {
-            init_tracing(0);
+            logging::init(0, "text");
             sandbox::run(args)
         }
         Some(Command::Trace(args)) => {
-            init_tracing(0);
+            logging::init(0, "text");
             trace::run(args)
         }
         None => {
@@ -126,7 +107,7 @@ fn main() -> ExitCode {
             } else {
                 arena::one_arena()
             };
-            init_tracing(cli.proxy.verbosity);
+            logging::init(cli.proxy.verbosity, &cli.proxy.compat.logging_format);
             if let Some(e) = exec_error {
                 tracing::warn!(
                     "cannot re-execute with {}=1 (one malloc arena, a lower peak RSS): {e}",

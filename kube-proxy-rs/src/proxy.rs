@@ -525,6 +525,9 @@ fn spawn_loop<P: Proxier + 'static>(
     });
 }
 
+/// Upstream's IPVS deprecation message (logged at start, and the `IPVSDeprecation` event).
+const IPVS_DEPRECATION: &str = "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead.";
+
 /// Runs the proxy as the flags say.
 ///
 /// # Errors
@@ -678,6 +681,8 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         );
     }
 
+    // /configz: the effective configuration, after a fallback from IPVS mode.
+    let configz = crate::configz::document(&args);
     let families = families(args.proxy_mode, backend, args.dry_run);
     info!(families = ?families, "programming these IP families");
 
@@ -699,6 +704,9 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         let sync_period = if ipvs_mode { args.compat.ipvs_sync_period } else { args.iptables_sync_period };
         let mut admin =
             crate::admin::Admin::new(admin_mode, sync_period, args.manifests.is_none());
+        admin.node = node.clone();
+        admin.metrics.set_build_info(&crate::admin::build_info());
+        admin.metrics.set_configz(crate::configz::GROUP, configz);
         if !ipvs_fallback.is_empty() {
             admin.metrics.mode_fallback("ipvs", "iptables");
         }
@@ -730,10 +738,18 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 })
             }
             None => {
-                let (client, server) =
-                    kp_source::api::client_with_server(args.kubeconfig.clone(), args.master.clone())
-                        .await
-                        .map_err(|e| anyhow!(e).context("connecting to the API server"))?;
+                let config = kp_source::api::config(args.kubeconfig.clone(), args.master.clone())
+                    .await
+                    .map_err(|e| anyhow!(e).context("connecting to the API server"))?;
+                let server = kp_source::api::server_url(&config);
+                let host = crate::restclient::host_label(&config.cluster_url);
+                let client = kube::Client::try_from(config)
+                    .map_err(|e| anyhow!(e).context("building the API client"))?;
+                // Every request is counted and timed as client-go's (rest_client_*).
+                let client = crate::restclient::instrumented(client, host, admin.metrics.clone());
+                if !args.dry_run && !args.once {
+                    admin.events = Some(crate::events::Events::new(client.clone(), &node));
+                }
                 let api = kp_source::api::ApiSource::new(client, node.clone()).with_server(server);
                 let mut health = api.health();
                 let metrics = admin.metrics.clone();
@@ -935,6 +951,19 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         if !relays.relays.is_empty() {
             admin.metrics.set_userspace(Arc::new(relays.clone()));
         }
+        if ipvs_mode && !args.dry_run {
+            // Upstream (1.35, KEP-5495) says so at every start, in the log (as an error) and
+            // as an event. Here it is information: kube-proxy-rs keeps IPVS mode, and a
+            // node that asked for it is not in error.
+            info!("{IPVS_DEPRECATION}");
+        }
+        if let Some(events) = &admin.events {
+            if ipvs_mode {
+                events.post(true, "IPVSDeprecation", "StartKubeProxy", Some(IPVS_DEPRECATION.into()), events.node_ref());
+            }
+            // Upstream's "birth cry", once the sources and sync loops run.
+            events.post(false, "Starting", "StartKubeProxy", None, events.node_ref());
+        }
         let fan_out = tokio::spawn(async move {
             let families: Vec<IpFamily> = senders.iter().map(|(f, _)| *f).collect();
             while let Some(batch) = rx.recv().await {
@@ -977,7 +1006,18 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     }
                 }
                 Some(Ok(Err(e))) = servers.join_next() => {
-                    // Only a hard-fail bind error ends a server task with an error.
+                    // Only a hard-fail bind error ends a server task with an error; upstream
+                    // posts an event about it before exiting.
+                    if let Some(events) = &admin.events {
+                        let reason = if format!("{e}").starts_with("healthz") {
+                            "FailedToStartProxierHealthcheck"
+                        } else {
+                            "FailedToStartMetricServer"
+                        };
+                        events
+                            .post_and_wait(true, reason, "StartKubeProxy", Some(format!("{e:#}")), events.node_ref(), std::time::Duration::from_secs(5))
+                            .await;
+                    }
                     result = Err(e);
                     let _ = stop_tx.send(true);
                 }

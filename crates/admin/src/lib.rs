@@ -11,8 +11,9 @@
 //! - **Service health checks** ([`ServiceHealthServer`]): one listener per
 //!   `healthCheckNodePort` (Services with `externalTrafficPolicy: Local`), answering 200 while
 //!   the node has ready local endpoints and the proxy is healthy, else 503.
-//! - **Metrics** ([`Metrics`], [`metrics_server`]): upstream's `kubeproxy_*` metrics on
-//!   `/metrics`, plus `/healthz` and `/proxyMode`, on `--metrics-bind-address`
+//! - **Metrics** ([`Metrics`], [`metrics_server`]): upstream's `kubeproxy_*` metrics and
+//!   component-base's (process, `rest_client_*`, `kubernetes_build_info`) on `/metrics`, plus
+//!   `/healthz`, `/proxyMode` and `/configz`, on `--metrics-bind-address`
 //!   (default `127.0.0.1:10249`); in userspace mode also the proxy sockets' numbers
 //!   ([`userspace`]) and the proxy table on `/userspace`; in iptables mode also upstream's two
 //!   nfacct counters ([`nfacct`]).
@@ -25,6 +26,7 @@ pub mod clock;
 pub mod listen;
 pub mod metrics;
 pub mod nfacct;
+pub mod process;
 pub mod proxy_health;
 pub mod server;
 pub mod service_health;
@@ -33,7 +35,8 @@ pub mod userspace;
 pub use clock::{Clock, ManualClock, SharedClock, TokioClock, go_time_string};
 pub use listen::parse_bind_address;
 pub use metrics::{
-    DEFAULT_METRICS_PORT, Metrics, ProxyMode, TrafficPolicy, metrics_router, metrics_server,
+    BuildInfo, DEFAULT_METRICS_PORT, Metrics, ProxyMode, TrafficPolicy, metrics_router,
+    metrics_server,
 };
 pub use nfacct::{NfacctPackets, NfacctReader};
 pub use proxy_health::{

@@ -26,6 +26,15 @@
 //! | `kubeproxy_iptables_localhost_nodeports_accepted_packets_total` | counter, likewise | | iptables |
 //! | `kubeproxy_sync_proxy_rules_nftables_sync_failures_total`, `..._cleanup_failures_total` | counter | ip_family | nftables |
 //!
+//! And, in every mode, what component-base gives every Kubernetes component:
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `process_*` (CPU, fds, memory, start time, network bytes) | counter / gauge, read from `/proc` at scrape time ([`crate::process`]) | |
+//! | `rest_client_requests_total` | counter ([`Metrics::rest_client_request`]) | code, host, method |
+//! | `rest_client_request_duration_seconds` | histogram, 5 ms … 60 s ([`REST_CLIENT_BUCKETS`]) | host, verb |
+//! | `kubernetes_build_info` | gauge, 1 ([`Metrics::set_build_info`]) | major, minor, git_version, git_commit, git_tree_state, build_date, go_version, compiler, platform |
+//!
 //! kube-proxy-rs adds, only when it watches the API server (not with `--manifests`), two
 //! metrics of its own, outside upstream's `kubeproxy_` namespace so no dashboard confuses them:
 //!
@@ -120,6 +129,45 @@ struct CodeLabels {
     code: u16,
 }
 
+/// `rest_client_requests_total`'s labels, in the order Go's registry prints them (sorted).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RestResultLabels {
+    code: String,
+    host: String,
+    method: String,
+}
+
+/// `rest_client_request_duration_seconds`'s labels, sorted likewise.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RestLatencyLabels {
+    host: String,
+    verb: String,
+}
+
+/// What `kubernetes_build_info` says about the binary (component-base's `version.Info`),
+/// one label each; the binary fills it ([`Metrics::set_build_info`]).
+#[derive(Debug, Clone, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildInfo {
+    /// `build_date`, RFC 3339 (`1970-01-01T00:00:00Z` when unknown, upstream's default).
+    pub build_date: String,
+    /// `compiler` (`gc` for Go; `rustc` here).
+    pub compiler: String,
+    /// `git_commit`: the commit built, empty when unknown.
+    pub git_commit: String,
+    /// `git_tree_state`: `clean`, `dirty`, or empty when unknown.
+    pub git_tree_state: String,
+    /// `git_version`, e.g. `v1.35.0`.
+    pub git_version: String,
+    /// `go_version`: the compiler's version (`go1.24.4` upstream; the rustc version here).
+    pub go_version: String,
+    /// `major`, e.g. `1`.
+    pub major: String,
+    /// `minor`, e.g. `35`.
+    pub minor: String,
+    /// `platform`, `GOOS/GOARCH` style: `linux/amd64`, `linux/arm64`.
+    pub platform: String,
+}
+
 fn family(f: IpFamily) -> FamilyLabels {
     FamilyLabels {
         ip_family: f.api_name(),
@@ -144,6 +192,16 @@ pub fn network_programming_buckets() -> Vec<f64> {
 
 fn network_programming_histogram() -> Histogram {
     Histogram::new(network_programming_buckets())
+}
+
+/// client-go's `rest_client_request_duration_seconds` buckets (component-base
+/// `restclient` metrics): 5 ms to 60 s.
+pub const REST_CLIENT_BUCKETS: [f64; 12] = [
+    0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0,
+];
+
+fn rest_client_histogram() -> Histogram {
+    Histogram::new(REST_CLIENT_BUCKETS)
 }
 
 type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -176,6 +234,9 @@ struct Inner {
     mode_fallback: Family<FallbackLabels, Gauge>,
     conntrack_duration: HistogramFamily<FamilyLabels>,
     conntrack_deleted: Family<FamilyLabels, Counter>,
+    rest_requests: Family<RestResultLabels, Counter>,
+    rest_duration: HistogramFamily<RestLatencyLabels>,
+    build_info: Family<BuildInfo, Gauge>,
     /// Whether the API-server metrics are registered (the process watches the API server).
     api_source: bool,
     api_connected: Gauge,
@@ -184,6 +245,8 @@ struct Inner {
     userspace: crate::userspace::StatsSlot,
     /// iptables mode's nfacct counters, once the daemon can read them.
     nfacct: crate::nfacct::ReaderSlot,
+    /// The `/configz` body, once the daemon has set it.
+    configz: std::sync::Mutex<Option<String>>,
 }
 
 /// The metrics handle: cheap to clone, shared by the sync loops and the servers.
@@ -248,11 +311,15 @@ impl Metrics {
             mode_fallback: Family::default(),
             conntrack_duration: hist(),
             conntrack_deleted: Family::default(),
+            rest_requests: Family::default(),
+            rest_duration: Family::new_with_constructor(rest_client_histogram as fn() -> Histogram),
+            build_info: Family::default(),
             api_source,
             api_connected: Gauge::default(),
             api_disconnects: Counter::default(),
             userspace: Arc::default(),
             nfacct: Arc::default(),
+            configz: std::sync::Mutex::new(None),
         };
         register(&mut inner);
         Metrics {
@@ -412,6 +479,42 @@ impl Metrics {
             .inc_by(deleted);
     }
 
+    /// One request to the API server (client-go's request metrics): counts it in
+    /// `rest_client_requests_total{code,host,method}` (`code` the HTTP status, `<error>` when
+    /// no response came) and observes `duration` (until the response's headers, as
+    /// client-go measures) in `rest_client_request_duration_seconds{host,verb}`. `host` is
+    /// the server's `host:port`, `method` the HTTP method (`GET`, `POST`, ...).
+    pub fn rest_client_request(
+        &self,
+        method: &str,
+        host: &str,
+        code: Option<u16>,
+        duration: Duration,
+    ) {
+        self.inner
+            .rest_requests
+            .get_or_create(&RestResultLabels {
+                code: code.map_or_else(|| "<error>".to_string(), |c| c.to_string()),
+                host: host.to_string(),
+                method: method.to_string(),
+            })
+            .inc();
+        self.inner
+            .rest_duration
+            .get_or_create(&RestLatencyLabels {
+                host: host.to_string(),
+                verb: method.to_string(),
+            })
+            .observe(duration.as_secs_f64());
+    }
+
+    /// Sets `kubernetes_build_info{...} 1` (a process has one: a second call replaces the
+    /// first).
+    pub fn set_build_info(&self, info: &BuildInfo) {
+        self.inner.build_info.clear();
+        self.inner.build_info.get_or_create(info).set(1);
+    }
+
     /// Counts one `/healthz` answer with HTTP status `code`.
     pub fn healthz_answered(&self, code: u16) {
         self.inner
@@ -467,6 +570,28 @@ impl Metrics {
         if let Ok(mut slot) = self.inner.nfacct.lock() {
             *slot = Some(reader);
         }
+    }
+
+    /// What `/configz` serves (component-base's `configz`): `{"<group>": <config>}`, here
+    /// `{"kubeproxy.config.k8s.io": config}` with `config` the effective configuration.
+    pub fn set_configz(&self, group: &str, config: serde_json::Value) {
+        let mut body = serde_json::Map::new();
+        body.insert(group.to_string(), config);
+        let text = serde_json::Value::Object(body).to_string();
+        if let Ok(mut slot) = self.inner.configz.lock() {
+            *slot = Some(text);
+        }
+    }
+
+    /// The `/configz` body: `{}` until [`Metrics::set_configz`] is called, as upstream's
+    /// handler answers with no configuration registered.
+    pub fn configz(&self) -> String {
+        self.inner
+            .configz
+            .lock()
+            .ok()
+            .and_then(|s| s.clone())
+            .unwrap_or_else(|| "{}".to_string())
     }
 
     /// The userspace proxy table; `None` outside userspace mode (or before it is set).
@@ -525,6 +650,26 @@ fn register(inner: &mut Inner) {
         }));
     }
     let alpha = |help: &str| format!("[ALPHA] {help}");
+    // What every Kubernetes component exposes through component-base: the process
+    // metrics, client-go's request metrics, the build info.
+    r.register_collector(Box::new(crate::process::ProcessCollector));
+    r.register(
+        "rest_client_requests",
+        alpha("Number of HTTP requests, partitioned by status code, method, and host"),
+        inner.rest_requests.clone(),
+    );
+    r.register(
+        "rest_client_request_duration_seconds",
+        alpha("Request latency in seconds. Broken down by verb, and host"),
+        inner.rest_duration.clone(),
+    );
+    r.register(
+        "kubernetes_build_info",
+        alpha(
+            "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree state, build date, Go version, and compiler from which Kubernetes was built, and platform on which it is running",
+        ),
+        inner.build_info.clone(),
+    );
     r.register(
         "kubeproxy_sync_proxy_rules_duration_seconds",
         alpha("SyncProxyRules latency in seconds"),
@@ -661,13 +806,15 @@ fn register(inner: &mut Inner) {
 }
 
 /// The metrics server's routes: `/metrics`, `/healthz` (and `/healthz/ping`, plain `ok`, as
-/// the apiserver `healthz` handler upstream installs) and `/proxyMode` (the mode as text).
+/// the apiserver `healthz` handler upstream installs), `/proxyMode` (the mode as text) and
+/// `/configz` (the effective configuration as JSON, [`Metrics::set_configz`]).
 pub fn metrics_router(metrics: Metrics) -> Router {
     Router::new()
         .route("/metrics", any(metrics_handler))
         .route("/healthz", any(ok_handler))
         .route("/healthz/ping", any(ok_handler))
         .route("/proxyMode", any(proxy_mode_handler))
+        .route("/configz", any(configz_handler))
         .route("/userspace", any(userspace_handler))
         .with_state(metrics)
 }
@@ -724,6 +871,10 @@ async fn metrics_handler(State(metrics): State<Metrics>) -> Response {
             e.to_string(),
         ),
     }
+}
+
+async fn configz_handler(State(metrics): State<Metrics>) -> Response {
+    text_response(StatusCode::OK, "application/json", metrics.configz())
 }
 
 async fn ok_handler() -> Response {
@@ -993,5 +1144,72 @@ mod tests {
         m.api_server_connected(true);
         m.api_server_connected(false);
         assert_eq!(value("kube_proxy_rs_api_server_disconnects_total"), "2");
+    }
+
+    #[test]
+    fn component_base_metrics_are_exposed_like_upstreams() {
+        let m = Metrics::new(ProxyMode::Nftables);
+        m.rest_client_request("GET", "10.96.0.1:443", Some(200), Duration::from_millis(20));
+        m.rest_client_request("GET", "10.96.0.1:443", Some(200), Duration::from_millis(3));
+        m.rest_client_request("POST", "10.96.0.1:443", None, Duration::from_secs(2));
+        m.set_build_info(&BuildInfo {
+            major: "1".into(),
+            minor: "35".into(),
+            git_version: "v1.35.0".into(),
+            compiler: "rustc".into(),
+            platform: "linux/amd64".into(),
+            ..BuildInfo::default()
+        });
+        let text = m.encode().unwrap();
+        for line in [
+            "# HELP rest_client_requests_total [ALPHA] Number of HTTP requests, partitioned by status code, method, and host.",
+            "# TYPE rest_client_requests_total counter",
+            r#"rest_client_requests_total{code="200",host="10.96.0.1:443",method="GET"} 2"#,
+            r#"rest_client_requests_total{code="<error>",host="10.96.0.1:443",method="POST"} 1"#,
+            "# TYPE rest_client_request_duration_seconds histogram",
+            r#"rest_client_request_duration_seconds_bucket{host="10.96.0.1:443",verb="GET",le="0.005"} 1"#,
+            r#"rest_client_request_duration_seconds_bucket{host="10.96.0.1:443",verb="GET",le="0.025"} 2"#,
+            r#"rest_client_request_duration_seconds_bucket{host="10.96.0.1:443",verb="POST",le="1"} 0"#,
+            r#"rest_client_request_duration_seconds_bucket{host="10.96.0.1:443",verb="POST",le="60"} 1"#,
+            r#"rest_client_request_duration_seconds_count{host="10.96.0.1:443",verb="POST"} 1"#,
+            "# TYPE kubernetes_build_info gauge",
+            r#"kubernetes_build_info{build_date="",compiler="rustc",git_commit="",git_tree_state="",git_version="v1.35.0",go_version="",major="1",minor="35",platform="linux/amd64"} 1"#,
+            "# TYPE process_cpu_seconds_total counter",
+            "# HELP process_resident_memory_bytes Resident memory size in bytes.",
+            "# TYPE process_resident_memory_bytes gauge",
+            "# TYPE process_open_fds gauge",
+            "# TYPE process_start_time_seconds gauge",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+        let rest_buckets = text
+            .lines()
+            .filter(|l| l.starts_with("rest_client_request_duration_seconds_bucket{host=\"10.96.0.1:443\",verb=\"GET\""))
+            .count();
+        assert_eq!(rest_buckets, 13, "12 buckets + +Inf");
+        let rss: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(rss > 1e6, "{rss}");
+    }
+
+    #[test]
+    fn configz_serves_the_configuration_under_its_group() {
+        let m = Metrics::new(ProxyMode::Iptables);
+        assert_eq!(m.configz(), "{}");
+        m.set_configz(
+            "kubeproxy.config.k8s.io",
+            serde_json::json!({"Mode": "iptables"}),
+        );
+        assert_eq!(
+            m.configz(),
+            r#"{"kubeproxy.config.k8s.io":{"Mode":"iptables"}}"#
+        );
     }
 }

@@ -145,10 +145,13 @@ impl UdpCleanup {
         }
     }
 
-    /// Runs after a successful sync of `snap` with `changes` (`full`: a full sync); returns
-    /// how many entries were deleted. A failure is logged, not returned: the sync itself
-    /// stands, and the entries expire on their own.
-    pub fn after_sync(&mut self, snap: &Snapshot, changes: &Changes, full: bool) -> usize {
+    /// Runs after a successful sync of `snap` with `changes` (`full`: a full sync): how many
+    /// entries were deleted and how long the reconciliation took (`None` when it did not run:
+    /// no netlink access, or no UDP Service changed in a partial sync). A failure is logged,
+    /// not returned: the sync itself stands, and the entries expire on their own; its time is
+    /// still reported, as upstream observes `kubeproxy_conntrack_reconciler_sync_duration_seconds`
+    /// whatever the outcome.
+    pub fn after_sync(&mut self, snap: &Snapshot, changes: &Changes, full: bool) -> Reconciled {
         let now = udp_services(snap);
         let needed = full
             || changes
@@ -157,24 +160,43 @@ impl UdpCleanup {
                 .any(|s| now.contains(s) || self.udp_services.contains(s));
         self.udp_services = now;
         let Some(ops) = self.ops.as_mut() else {
-            return 0;
+            return Reconciled::default();
         };
         if !needed {
-            return 0;
+            return Reconciled::default();
         }
-        match cleanup_udp(ops.as_mut(), snap) {
+        let started = std::time::Instant::now();
+        let result = cleanup_udp(ops.as_mut(), snap);
+        let duration = Some(started.elapsed());
+        match result {
             Ok(n) => {
                 if n > 0 {
                     tracing::info!(family = %snap.family, deleted = n, "deleted stale UDP conntrack entries");
                 }
-                n
+                Reconciled {
+                    deleted: n,
+                    duration,
+                }
             }
             Err(e) => {
                 tracing::warn!(family = %snap.family, error = %e, "UDP conntrack cleanup failed; stale entries may remain until they expire");
-                0
+                Reconciled {
+                    deleted: 0,
+                    duration,
+                }
             }
         }
     }
+}
+
+/// What one [`UdpCleanup::after_sync`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reconciled {
+    /// Stale UDP entries deleted.
+    pub deleted: usize,
+    /// How long the reconciliation (the dump and the deletes) took; `None` when it did not
+    /// run.
+    pub duration: Option<std::time::Duration>,
 }
 
 #[cfg(test)]

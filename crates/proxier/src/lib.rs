@@ -132,6 +132,19 @@ pub struct SyncReport {
     pub apply_time: Duration,
     /// Stale UDP conntrack entries deleted after the sync.
     pub conntrack_deleted: usize,
+    /// How long the UDP conntrack reconciliation after the sync took (upstream's
+    /// `kubeproxy_conntrack_reconciler_sync_duration_seconds`); `None` when it did not run
+    /// (no netlink conntrack access, or a partial sync that changed no UDP Service).
+    pub conntrack_time: Option<Duration>,
+    /// Rules (`-A` lines of our chains) of the filter table that this sync sent to `iptables-restore`
+    /// (upstream's `kubeproxy_sync_proxy_rules_iptables_last{table="filter"}`); in iptables
+    /// mode only, 0 in the other modes.
+    pub filter_rules_written: usize,
+    /// Rules (`-A` lines of our chains) of the nat table that this sync sent: a partial sync writes only
+    /// the chains of the changed Services (and the top-level chains), a full sync only the
+    /// chains that differ from the kernel's (upstream's
+    /// `kubeproxy_sync_proxy_rules_iptables_last{table="nat"}`); in iptables mode only.
+    pub nat_rules_written: usize,
 }
 
 /// A proxy mode for one IP family.

@@ -108,6 +108,14 @@ pub trait SyncObserver: Send + Sync {
     /// `…service_changes_total` and `…endpoint_changes_total` counters.
     fn received(&self, _family: IpFamily, _services: u64, _endpoint_slices: u64) {}
 
+    /// A batch of source events carried this node's Node object (added, changed or deleted),
+    /// whether or not it needs a sync: `node` is the Node now known (`None` once it is
+    /// deleted). Upstream's `NodeEligibleHandler` updates the health server's eligibility on
+    /// every Node event, not at the next sync, so that `/healthz` fails as soon as the Node is
+    /// being deleted or tainted `ToBeDeletedByClusterAutoscaler` (on a quiet cluster the next
+    /// sync can be an hour away).
+    fn node_changed(&self, _family: IpFamily, _node: Option<&Node>) {}
+
     /// A sync finished, successfully or not, after `duration`. `snapshot` and `changes` are
     /// what it was asked to program; `node` is this node's Node object, if known.
     fn synced(
@@ -209,7 +217,10 @@ impl<P: Proxier + 'static> SyncLoop<P> {
                     Some(batch) => {
                         let mut changed = false;
                         let (mut services, mut slices) = (0u64, 0u64);
+                        let mut node_event = false;
                         for ev in batch {
+                            node_event |= matches!(&ev, SourceEvent::NodeUpsert(n) if n.name == self.tracker.node_name())
+                                || matches!(&ev, SourceEvent::NodeDelete(n) if *n == self.tracker.node_name());
                             let counter = match &ev {
                                 SourceEvent::ServiceUpsert(_) | SourceEvent::ServiceDelete(_) => Some(&mut services),
                                 SourceEvent::SliceUpsert(_) | SourceEvent::SliceDelete(_) => Some(&mut slices),
@@ -223,6 +234,9 @@ impl<P: Proxier + 'static> SyncLoop<P> {
                         }
                         if services + slices > 0 {
                             self.observer.received(family, services, slices);
+                        }
+                        if node_event {
+                            self.observer.node_changed(family, self.tracker.node());
                         }
                         if changed && self.tracker.has_pending_changes() {
                             self.observer.queued(family, self.tracker.pending());

@@ -366,6 +366,33 @@ pub async fn client_with_server(
     kubeconfig: Option<PathBuf>,
     master: Option<String>,
 ) -> Result<(Client, String), SourceError> {
+    let config = config(kubeconfig, master).await?;
+    let url = server_url(&config);
+    let client = Client::try_from(config).map_err(|e| SourceError::Client {
+        context: format!("cannot build a client for {url}"),
+        source: Box::new(e),
+    })?;
+    Ok((client, url))
+}
+
+/// The URL of `config`'s API server (`https://10.0.0.1:6443`, without a trailing `/`).
+pub fn server_url(config: &kube::Config) -> String {
+    config
+        .cluster_url
+        .to_string()
+        .trim_end_matches('/')
+        .to_string()
+}
+
+/// The kube configuration [`client`] builds its client from (the API server's URL is
+/// `cluster_url`, which the request metrics label their `host` with).
+///
+/// # Errors
+/// As [`client`].
+pub async fn config(
+    kubeconfig: Option<PathBuf>,
+    master: Option<String>,
+) -> Result<kube::Config, SourceError> {
     let fail = |context: String| {
         move |e: Box<dyn std::error::Error + Send + Sync>| SourceError::Client {
             context,
@@ -412,14 +439,7 @@ pub async fn client_with_server(
     // minutes) inside one request, hiding the outage from the reflectors' backoff and from the
     // health signal. Retrying is the reflectors' job.
     config.default_retry = false;
-    let url = config
-        .cluster_url
-        .to_string()
-        .trim_end_matches('/')
-        .to_string();
-    let client = Client::try_from(config)
-        .map_err(|e| fail(format!("cannot build a client for {url}"))(Box::new(e)))?;
-    Ok((client, url))
+    Ok(config)
 }
 
 /// One reflector's event, tagged with its kind (boxed: the objects are large).

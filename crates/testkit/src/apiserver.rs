@@ -6,8 +6,10 @@
 //!
 //! - **Paths**: `GET /api/v1/services`, `GET /apis/discovery.k8s.io/v1/endpointslices` and
 //!   `GET /api/v1/nodes` (all namespaces; the per-namespace paths are served too), plus the
-//!   discovery documents `/version`, `/api`, `/apis` and `/healthz`. Anything else is a
-//!   404 `Status`.
+//!   discovery documents `/version`, `/api`, `/apis` and `/healthz`; and
+//!   `events.k8s.io/v1` Events (`POST`, merge-`PATCH` and `GET` under
+//!   `/apis/events.k8s.io/v1/namespaces/NS/events`), kept for [`TestApiServer::events`].
+//!   Anything else is a 404 `Status`.
 //! - **List**: a `ServiceList` (etc.) with `metadata.resourceVersion`, items sorted by
 //!   namespace/name and without `apiVersion`/`kind` (as the real server prints them).
 //!   `labelSelector` and `fieldSelector` filter; `limit` and `continue` paginate, every page
@@ -192,7 +194,7 @@ impl fmt::Display for ApiKind {
 /// resourceVersion a watch resumed, whether a list was a quorum read, ...).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiRequest {
-    /// The HTTP method (`GET`).
+    /// The HTTP method (`GET`, `POST`, `PATCH`, ...).
     pub method: String,
     /// The kind listed or watched; `None` for other paths.
     pub kind: Option<ApiKind>,
@@ -288,6 +290,8 @@ enum Msg {
 struct Store {
     rv: u64,
     objects: BTreeMap<Key, Value>,
+    /// `events.k8s.io/v1` Events posted, by namespace/name, in the order created.
+    events: Vec<((String, String), Value)>,
     history: Vec<Arc<Change>>,
     /// Watches (and continue tokens) from a resourceVersion below this are expired.
     compacted: u64,
@@ -661,6 +665,17 @@ impl TestApiServer {
         self.shared.lock().requests.clone()
     }
 
+    /// The `events.k8s.io/v1` Events posted so far (as stored: `metadata.namespace`,
+    /// `resourceVersion` and `uid` set by the server, merge patches applied), oldest first.
+    pub fn events(&self) -> Vec<Value> {
+        self.shared
+            .lock()
+            .events
+            .iter()
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
     /// How many list (not watch) requests of `kind` were received so far.
     pub fn list_count(&self, kind: ApiKind) -> usize {
         self.shared
@@ -752,6 +767,7 @@ async fn handle(
     method: Method,
     uri: Uri,
     Query(query): Query<HashMap<String, String>>,
+    body: axum::body::Bytes,
 ) -> Response {
     let path = uri.path().to_string();
     let params: BTreeMap<String, String> =
@@ -780,11 +796,14 @@ async fn handle(
             );
         }
     }
+    if let Some((namespace, name)) = events_path(&path) {
+        return events(&shared, &method, namespace, name, &body);
+    }
     if method != Method::GET {
         return status(
             StatusCode::METHOD_NOT_ALLOWED,
             "MethodNotAllowed",
-            "the test API server only serves GET",
+            "the test API server only serves GET (and POST/PATCH of events)",
         );
     }
     let Some((kind, namespace)) = target else {
@@ -798,6 +817,147 @@ async fn handle(
         start_watch(&shared, kind, selector, &query, resource_version)
     } else {
         list(&shared, kind, &selector, &query)
+    }
+}
+
+/// The namespace and (for one event) the name of an `events.k8s.io/v1` events path.
+fn events_path(path: &str) -> Option<(String, Option<String>)> {
+    let rest = path
+        .trim_end_matches('/')
+        .strip_prefix("/apis/events.k8s.io/v1/namespaces/")?;
+    let (namespace, rest) = rest.split_once('/')?;
+    let name = match rest.strip_prefix("events")? {
+        "" => None,
+        n => Some(n.strip_prefix('/')?.to_string()),
+    };
+    Some((namespace.to_string(), name))
+}
+
+/// `POST .../namespaces/NS/events` creates an Event (201, the object with `metadata.namespace`,
+/// `resourceVersion` and `uid` set; 409 when the name exists); `PATCH .../events/NAME` merges
+/// a JSON merge patch into it (200; 404 when absent); `GET` lists them. Events are kept
+/// apart from the watched kinds: [`TestApiServer::events`] returns them.
+fn events(
+    shared: &Shared,
+    method: &Method,
+    namespace: String,
+    name: Option<String>,
+    body: &[u8],
+) -> Response {
+    let mut store = shared.lock();
+    let parsed = || {
+        serde_json::from_slice::<Value>(body)
+            .ok()
+            .filter(Value::is_object)
+    };
+    match (method.as_str(), name) {
+        ("POST", None) => {
+            let Some(mut event) = parsed() else {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "the body is not a JSON object",
+                );
+            };
+            let Some(name) = event
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .map(str::to_string)
+            else {
+                return status(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Invalid",
+                    "metadata.name: Required value",
+                );
+            };
+            let key = (namespace.clone(), name.clone());
+            if store.events.iter().any(|(k, _)| *k == key) {
+                return status(
+                    StatusCode::CONFLICT,
+                    "AlreadyExists",
+                    &format!("events.events.k8s.io \"{name}\" already exists"),
+                );
+            }
+            store.rv += 1;
+            let rv = store.rv;
+            if let Some(meta) = event.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.insert("namespace".into(), namespace.into());
+                meta.insert("resourceVersion".into(), rv.to_string().into());
+                meta.insert("uid".into(), format!("uid-{rv}").into());
+            }
+            store.events.push((key, event.clone()));
+            (
+                StatusCode::CREATED,
+                [(header::CONTENT_TYPE, "application/json")],
+                event.to_string(),
+            )
+                .into_response()
+        }
+        ("PATCH", Some(name)) => {
+            let Some(patch) = parsed() else {
+                return status(
+                    StatusCode::BAD_REQUEST,
+                    "BadRequest",
+                    "the body is not a JSON object",
+                );
+            };
+            let key = (namespace, name.clone());
+            store.rv += 1;
+            let rv = store.rv;
+            let Some((_, event)) = store.events.iter_mut().find(|(k, _)| *k == key) else {
+                return status(
+                    StatusCode::NOT_FOUND,
+                    "NotFound",
+                    &format!("events.events.k8s.io \"{name}\" not found"),
+                );
+            };
+            merge_patch(event, patch);
+            if let Some(meta) = event.get_mut("metadata").and_then(Value::as_object_mut) {
+                meta.insert("resourceVersion".into(), rv.to_string().into());
+            }
+            json_response(event)
+        }
+        ("GET", None) => {
+            let items: Vec<Value> = store
+                .events
+                .iter()
+                .filter(|((ns, _), _)| *ns == namespace)
+                .map(|(_, e)| e.clone())
+                .collect();
+            json_response(&json!({
+                "kind": "EventList",
+                "apiVersion": "events.k8s.io/v1",
+                "metadata": {"resourceVersion": store.rv.to_string()},
+                "items": items,
+            }))
+        }
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "events: POST to the collection, PATCH one, or GET the list",
+        ),
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge_patch(target: &mut Value, patch: Value) {
+    match patch {
+        Value::Object(fields) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            if let Some(map) = target.as_object_mut() {
+                for (k, v) in fields {
+                    if v.is_null() {
+                        map.remove(&k);
+                    } else {
+                        merge_patch(map.entry(k).or_insert(Value::Null), v);
+                    }
+                }
+            }
+        }
+        other => *target = other,
     }
 }
 
@@ -1406,6 +1566,25 @@ mod tests {
         assert!(!sel("metadata.name=node-b").matches(&obj));
         assert!(sel("metadata.name!=node-b").matches(&obj));
         assert!(Selector::parse(&q(&[("fieldSelector", "spec.x=1")]), None).is_err());
+    }
+
+    #[test]
+    fn events_paths_and_merge_patches() {
+        assert_eq!(
+            events_path("/apis/events.k8s.io/v1/namespaces/default/events"),
+            Some(("default".into(), None))
+        );
+        assert_eq!(
+            events_path("/apis/events.k8s.io/v1/namespaces/default/events/n.1"),
+            Some(("default".into(), Some("n.1".into())))
+        );
+        assert_eq!(events_path("/api/v1/namespaces/default/events"), None);
+        let mut e = json!({"a": 1, "series": null, "m": {"x": 1, "y": 2}});
+        merge_patch(
+            &mut e,
+            json!({"a": 2, "series": {"count": 2}, "m": {"y": null}}),
+        );
+        assert_eq!(e, json!({"a": 2, "series": {"count": 2}, "m": {"x": 1}}));
     }
 
     #[test]

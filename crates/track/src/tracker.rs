@@ -134,6 +134,11 @@ impl Tracker {
         self.family
     }
 
+    /// The name of the node this tracker programs (`--hostname-override` or the host name).
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
     /// This node's Node object, if the source delivered it.
     pub fn node(&self) -> Option<&Node> {
         self.node.as_ref()

@@ -99,6 +99,8 @@ pub struct IptablesProxier<I: Iptables> {
     split: Option<SplitPolicy>,
     /// The UDP stale-entry cleanup after syncs (disabled without netlink conntrack).
     conntrack: crate::conntrack::UdpCleanup,
+    /// The rules the last successful restore wrote, per table.
+    last_written: RuleCount,
     /// The kernel's nfacct counters, when the proxier may use them.
     nfacct: Option<Box<dyn NfacctOps + Send>>,
     /// Which counters exist, as the last full sync found them (upstream's `nfAcctCounters`).
@@ -173,6 +175,7 @@ impl<I: Iptables> IptablesProxier<I> {
             zero_counters_on_full_sync: false,
             split,
             conntrack: crate::conntrack::UdpCleanup::disabled(),
+            last_written: RuleCount::default(),
             nfacct: None,
             nfacct_counters: NfacctCounters::default(),
             nfacct_checked: false,
@@ -365,12 +368,15 @@ impl<I: Iptables> IptablesProxier<I> {
         if plan.is_empty() {
             // Every chain is as rendered, no jump is missing, nothing is stale, every canary
             // is there: nothing to write, and the tool is not run.
+            self.last_written = RuleCount::default();
             return Ok((0, 0));
         }
         let cache = &mut self.cache;
         let mut written = (0, 0);
+        let mut rules = RuleCount::default();
         self.ipt.restore_with(&mut |w| {
-            let mut out = full::Writer::new(plan, rendered, Some(kernel), w);
+            let mut counted = RuleCounter::new(w);
+            let mut out = full::Writer::new(plan, rendered, Some(kernel), &mut counted);
             out.start();
             render::render_streamed(
                 snap,
@@ -379,8 +385,10 @@ impl<I: Iptables> IptablesProxier<I> {
                 render::Stream::Emit(&mut |s| out.service(s)),
             );
             written = out.finish()?;
+            rules = counted.count();
             Ok(())
         })?;
+        self.last_written = rules;
         Ok(written)
     }
 
@@ -569,13 +577,14 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
                 let t1 = Instant::now();
                 let (payload, stale) = reconcile::partial_payload(&rendered, &self.previous_chains);
                 self.ipt.restore(payload.as_bytes())?;
+                self.last_written = RuleCount::of(payload.as_bytes());
                 (rendered, render_time, payload.len(), stale, 1, 0, t1)
             };
         drop(kernel);
         let apply_time = t1.elapsed() + read_time;
         self.needs_full = false;
         self.previous_chains = rendered.active_nat_chains;
-        let conntrack_deleted = self.conntrack.after_sync(snap, changes, full);
+        let conntrack = self.conntrack.after_sync(snap, changes, full);
         let report = SyncReport {
             family: Some(self.family),
             full,
@@ -587,7 +596,10 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
             deleted_chains: stale.len(),
             render_time,
             apply_time,
-            conntrack_deleted,
+            conntrack_deleted: conntrack.deleted,
+            conntrack_time: conntrack.duration,
+            filter_rules_written: self.last_written.filter,
+            nat_rules_written: self.last_written.nat,
         };
         info!(
             family = %self.family,
@@ -686,6 +698,98 @@ fn cleanup_with<I: Iptables + ?Sized>(
         ipt.restore(payload.as_bytes())?;
     }
     Ok(plan)
+}
+
+/// How much of a payload line [`RuleCounter`] looks at: enough for `-A POSTROUTING ` and
+/// `*filter`.
+const HEAD: usize = 24;
+
+/// Rules (`-A` lines of kube-proxy's own chains, not the jumps from the built-in chains) in
+/// an `iptables-restore` payload, per table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RuleCount {
+    /// In `*filter` blocks.
+    pub filter: usize,
+    /// In `*nat` blocks.
+    pub nat: usize,
+}
+
+impl RuleCount {
+    /// Counts the rules of a whole payload.
+    pub fn of(payload: &[u8]) -> RuleCount {
+        let mut counter = RuleCounter::new(std::io::sink());
+        // Writing into a sink cannot fail.
+        let _ = std::io::Write::write_all(&mut counter, payload);
+        counter.count()
+    }
+}
+
+/// A writer that passes a restore payload through and counts its rules per table as it goes
+/// (upstream's `kubeproxy_sync_proxy_rules_iptables_last` counts the rule lines a sync wrote;
+/// the full sync's payload is streamed, never held, so it is counted on its way).
+struct RuleCounter<W: std::io::Write> {
+    inner: W,
+    /// The table of the current block (`*filter`, `*nat`, another).
+    table: Option<Table>,
+    /// The start of the current line (enough to tell `-A CHAIN ` and `*table` apart).
+    head: Vec<u8>,
+    count: RuleCount,
+}
+
+impl<W: std::io::Write> RuleCounter<W> {
+    fn new(inner: W) -> Self {
+        RuleCounter {
+            inner,
+            table: None,
+            head: Vec::with_capacity(HEAD),
+            count: RuleCount::default(),
+        }
+    }
+
+    fn count(&self) -> RuleCount {
+        self.count
+    }
+
+    fn end_line(&mut self) {
+        let head = &self.head;
+        if let Some(name) = head.strip_prefix(b"*") {
+            self.table = std::str::from_utf8(name)
+                .ok()
+                .and_then(|n| Table::from_name(n.trim()));
+        } else if let Some(rule) = head.strip_prefix(b"-A ") {
+            // Upstream counts the rules of its own chains: the jumps from the built-in chains
+            // are not in its restore (it ensures them apart), so they are not counted here.
+            let chain = rule.split(|&b| b == b' ').next().unwrap_or_default();
+            if is_builtin_chain(&String::from_utf8_lossy(chain)) {
+                self.head.clear();
+                return;
+            }
+            match self.table {
+                Some(Table::Filter) => self.count.filter += 1,
+                Some(Table::Nat) => self.count.nat += 1,
+                _ => {}
+            }
+        }
+        self.head.clear();
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for RuleCounter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        for &b in &buf[..n] {
+            if b == b'\n' {
+                self.end_line();
+            } else if self.head.len() < HEAD {
+                self.head.push(b);
+            }
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 #[cfg(test)]

@@ -508,14 +508,16 @@ fn udp_changes_clean_stale_conntrack_entries() {
     ct.0.lock().unwrap().insert(flow);
     let dumps = || ct.0.lock().unwrap().dumps();
 
-    // A TCP-only change does not even look at conntrack.
+    // A TCP-only change does not even look at conntrack, and reports no reconciler time.
     let before = dumps();
     t.apply(SourceEvent::SliceUpsert(slice(
         "web",
         80,
         &[("10.0.0.7", "a")],
     )));
-    assert_eq!(sync(&mut p, &mut t).conntrack_deleted, 0);
+    let report = sync(&mut p, &mut t);
+    assert_eq!(report.conntrack_deleted, 0);
+    assert_eq!(report.conntrack_time, None);
     assert_eq!(dumps(), before);
 
     // The UDP endpoint moves: the entry to the old one goes.
@@ -525,8 +527,84 @@ fn udp_changes_clean_stale_conntrack_entries() {
             .ready("10.0.0.6", "a")
             .build(),
     ));
-    assert_eq!(sync(&mut p, &mut t).conntrack_deleted, 1);
+    let report = sync(&mut p, &mut t);
+    assert_eq!(report.conntrack_deleted, 1);
+    assert!(
+        report.conntrack_time.is_some(),
+        "the reconciler ran and was timed"
+    );
     assert!(ct.0.lock().unwrap().flows().is_empty());
+}
+
+/// `…iptables_last`: a sync reports the rules it sent per table, counted in the payload the
+/// runner received; a partial sync sends the changed Service's chains (and the top-level
+/// ones), fewer than the table holds; a full sync with nothing to change sends nothing.
+#[test]
+fn syncs_report_the_rules_they_wrote() {
+    let mut t = tracker();
+    for e in seed_events() {
+        t.apply(e);
+    }
+    t.apply(SourceEvent::ServiceUpsert(service("web", "10.96.0.20", 80)));
+    t.apply(SourceEvent::SliceUpsert(slice(
+        "web",
+        80,
+        &[("10.0.0.7", "a")],
+    )));
+    let mut p = proxier(FakeIptables::new(IpVersion::V4));
+    let first = sync(&mut p, &mut t);
+    assert!(first.full);
+    assert_eq!(first.nat_rules_written, first.nat_rules);
+    assert_eq!(first.filter_rules_written, first.filter_rules);
+    t.apply(SourceEvent::SliceUpsert(slice(
+        "web",
+        80,
+        &[("10.0.0.8", "a")],
+    )));
+    let partial = sync(&mut p, &mut t);
+    assert!(!partial.full);
+    let payload = String::from_utf8(p.runner().last_payload().unwrap()).unwrap();
+    let count = |table: &str| {
+        let mut inside = false;
+        payload
+            .lines()
+            .filter(|l| {
+                if let Some(t) = l.strip_prefix('*') {
+                    inside = t == table;
+                }
+                inside
+                    && l.starts_with("-A ")
+                    && !["INPUT", "FORWARD", "OUTPUT", "PREROUTING", "POSTROUTING"]
+                        .contains(&l[3..].split(' ').next().unwrap_or(""))
+            })
+            .count()
+    };
+    assert_eq!(partial.nat_rules_written, count("nat"), "{payload}");
+    assert_eq!(partial.filter_rules_written, count("filter"), "{payload}");
+    assert!(
+        partial.nat_rules_written < partial.nat_rules,
+        "{} of {}",
+        partial.nat_rules_written,
+        partial.nat_rules
+    );
+    // A forced full sync of an unchanged kernel sends nothing.
+    let (snap, _) = t.checkout();
+    let full = Changes {
+        full_resync_needed: true,
+        ..Changes::default()
+    };
+    let report = p.sync(&snap, &full).unwrap();
+    assert!(report.full);
+    assert_eq!(
+        (report.nat_rules_written, report.filter_rules_written),
+        (0, 0)
+    );
+}
+
+#[test]
+fn rule_counts_follow_the_tables_of_a_payload() {
+    let payload = b"*filter\n:KUBE-SERVICES - [0:0]\n-A KUBE-SERVICES -j ACCEPT\n-A FORWARD -j KUBE-FORWARD\nCOMMIT\n*nat\n-A POSTROUTING -m comment --comment \"kubernetes postrouting rules\" -j KUBE-POSTROUTING\n-A KUBE-SERVICES -j KUBE-SVC-X\n-A KUBE-SVC-X -j KUBE-SEP-Y\n-X KUBE-SEP-OLD\nCOMMIT\n*mangle\n-A KUBE-PROXY-CANARY -j RETURN\nCOMMIT\n";
+    assert_eq!(RuleCount::of(payload), RuleCount { filter: 1, nat: 2 });
 }
 
 /// Every table the fake holds (mangle, filter, nat), as `iptables-save` prints them.

@@ -897,7 +897,7 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
         self.known = Some(known);
         self.last_iptables = Some(rules);
         self.needs_full = false;
-        let conntrack_deleted = self.conntrack.after_sync(snap, changes, full);
+        let conntrack = self.conntrack.after_sync(snap, changes, full);
         let report = SyncReport {
             family: Some(self.family),
             full,
@@ -909,7 +909,10 @@ impl<I: Iptables> Proxier for IpvsProxier<I> {
             deleted_chains: 0,
             render_time,
             apply_time,
-            conntrack_deleted,
+            conntrack_deleted: conntrack.deleted,
+            conntrack_time: conntrack.duration,
+            filter_rules_written: 0,
+            nat_rules_written: 0,
         };
         info!(
             family = %self.family,

@@ -264,7 +264,7 @@ impl<N: Nft> Proxier for NftablesProxier<N> {
             (render_time, stats)
         };
         self.needs_full = false;
-        let conntrack_deleted = self.conntrack.after_sync(snap, changes, full);
+        let conntrack = self.conntrack.after_sync(snap, changes, full);
         let report = SyncReport {
             family: Some(self.family),
             full,
@@ -276,7 +276,10 @@ impl<N: Nft> Proxier for NftablesProxier<N> {
             deleted_chains: stats.chains_deleted,
             render_time,
             apply_time,
-            conntrack_deleted,
+            conntrack_deleted: conntrack.deleted,
+            conntrack_time: conntrack.duration,
+            filter_rules_written: 0,
+            nat_rules_written: 0,
         };
         info!(
             family = %self.family,

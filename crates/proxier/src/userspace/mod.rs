@@ -568,6 +568,9 @@ impl<I: Iptables, R: PortalRelay> Proxier for UserspaceProxier<I, R> {
             render_time,
             apply_time,
             conntrack_deleted: 0,
+            conntrack_time: None,
+            filter_rules_written: 0,
+            nat_rules_written: 0,
         })
     }
 
