@@ -876,6 +876,16 @@ fn preflight_fails_in_bounded_time_naming_the_server() {
     assert!(out.contains("-A KUBE-SVC-"), "{out}");
     assert!(!err.contains("ClusterIP"), "{err}");
 
+    // The shipped ConfigMap with its server set (the one edit docs/deploy.md asks of clusters
+    // without kubeadm): the pre-flight check passes.
+    let kubeconfig = shipped["data"]["kubeconfig.conf"].as_str().unwrap();
+    let edited = kubeconfig.replace("https://control-plane.example:6443", &api.url());
+    assert_ne!(edited, kubeconfig);
+    let (preflight, _d5) = pod_of(job_spec, config, Some(&edited), &KUBELET_ENV);
+    let (code, took, out, err) = preflight.run_bounded(&ns, dir.path(), Duration::from_secs(60));
+    assert_eq!(code, Some(0), "after {took:?}\n{err}");
+    assert!(out.contains("-A KUBE-SVC-"), "{out}");
+
     // The shipped ConfigMap as it is: its placeholder server, named.
     let (preflight, _d4) = pod_of(
         job_spec,
@@ -932,4 +942,114 @@ fn dry_run_against_an_unreachable_server_ends_in_seconds() {
         "{err}"
     );
     assert!(read(&out_path).is_empty(), "no rules after the error");
+}
+
+/// docs/deploy.md's removal of the dispatch tree's chains (for a node moving back to
+/// kube-proxy, which neither uses nor deletes them): after it, no `KUBE-SVT-` chain is left
+/// and the per-Service chains they jumped to can be deleted, as kube-proxy deletes a gone
+/// Service's chains; nothing else changed.
+#[test]
+fn rollback_removes_the_dispatch_tree_as_documented() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("svt").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut manifest = String::new();
+    for i in 0..100 {
+        manifest.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: default}}\n\
+             spec:\n  clusterIP: 10.96.{}.{}\n  ports: [{{port: 80, protocol: TCP}}]\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: s{i}-1\n  \
+             namespace: default\n  labels: {{kubernetes.io/service-name: s{i}}}\naddressType: IPv4\n\
+             endpoints:\n- addresses: [10.0.{}.{}]\nports: [{{name: \"\", port: 80, protocol: TCP}}]\n",
+            i / 200,
+            i % 200 + 1,
+            i / 200,
+            i % 200 + 1
+        ));
+    }
+    let path = dir.path().join("cluster.yaml");
+    std::fs::write(&path, manifest).unwrap();
+    let out = ns
+        .command(BIN)
+        .args([
+            "--once",
+            "--iptables-dispatch=tree",
+            // The backend the plain `iptables` commands below (and the node's) reach.
+            "--iptables-backend=nft",
+            "--hostname-override=k8s-master",
+            "--cluster-cidr=10.0.0.0/16",
+            "--manifests",
+        ])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let nat = || ns.run("iptables-save", ["-t", "nat"]).unwrap();
+    let before = nat();
+    assert!(
+        before.contains(":KUBE-SVT-"),
+        "the tree was programmed: {before}"
+    );
+    let svc = before
+        .lines()
+        .find_map(|l| l.strip_prefix(":KUBE-SVC-"))
+        .map(|rest| format!("KUBE-SVC-{}", rest.split(' ').next().unwrap()))
+        .unwrap();
+
+    // What kube-proxy's first full sync does to KUBE-SERVICES: its own rules only.
+    let rewritten = ns
+        .command("iptables")
+        .args(["-t", "nat", "-F", "KUBE-SERVICES"])
+        .status()
+        .unwrap();
+    assert!(rewritten.success());
+    // A tree chain still jumps to the Service's chain, which kube-proxy cannot delete then.
+    let busy = ns
+        .command("bash")
+        .arg("-c")
+        .arg(format!(
+            "iptables -t nat -F {svc} && iptables -t nat -X {svc}"
+        ))
+        .output()
+        .unwrap();
+    assert!(!busy.status.success(), "a KUBE-SVT chain references {svc}");
+
+    let script = doc_block("remove-dispatch-tree");
+    let out = ns
+        .command("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{script}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = nat();
+    assert!(!after.contains("KUBE-SVT-"), "{after}");
+    let sep_chains = |text: &str| text.lines().filter(|l| l.starts_with(":KUBE-SEP-")).count();
+    assert_eq!(
+        sep_chains(&after),
+        sep_chains(&before),
+        "nothing else removed"
+    );
+    let deleted = ns
+        .command("bash")
+        .arg("-c")
+        .arg(format!(
+            "iptables -t nat -F {svc} && iptables -t nat -X {svc}"
+        ))
+        .output()
+        .unwrap();
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
 }
