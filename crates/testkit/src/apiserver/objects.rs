@@ -769,6 +769,54 @@ mod tests {
         assert!(parse_path("/apis/apps/v1/namespaces/x/deployments").is_none());
     }
 
+    /// With a bearer token required, a client without it gets 401 and one with it is
+    /// served; a created ConfigMap is read back, a dry run stores nothing.
+    #[tokio::test]
+    async fn token_and_objects() {
+        use super::super::{ApiServerOptions, TestApiServer};
+        use k8s_openapi::api::core::v1::{ConfigMap, Service};
+        let server = TestApiServer::start_with(ApiServerOptions {
+            tls: None,
+            bearer_token: Some("sesame".into()),
+        })
+        .await
+        .unwrap();
+        let anonymous: kube::Api<Service> = kube::Api::all(server.client().unwrap());
+        let err = anonymous.list(&Default::default()).await.unwrap_err();
+        assert!(
+            matches!(&err, kube::Error::Api(s) if s.code == 401),
+            "{err}"
+        );
+
+        let mut config = kube::Config::new(server.url().parse().unwrap());
+        config.auth_info.token = Some("sesame".to_string().into());
+        config.default_retry = false;
+        let client = kube::Client::try_from(config).unwrap();
+        let services: kube::Api<Service> = kube::Api::all(client.clone());
+        services.list(&Default::default()).await.unwrap();
+
+        let cms: kube::Api<ConfigMap> = kube::Api::namespaced(client, "kube-system");
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("c".into());
+        cm.data = Some([("k".to_string(), "v".to_string())].into());
+        let dry = kube::api::PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        cms.create(&dry, &cm).await.unwrap();
+        assert!(
+            cms.get_opt("c").await.unwrap().is_none(),
+            "a dry run stores nothing"
+        );
+        cms.create(&Default::default(), &cm).await.unwrap();
+        assert_eq!(cms.get("c").await.unwrap().data, cm.data);
+        let again = cms.create(&Default::default(), &cm).await.unwrap_err();
+        assert!(
+            matches!(&again, kube::Error::Api(s) if s.code == 409),
+            "{again}"
+        );
+    }
+
     #[test]
     fn merge_patch_follows_rfc_7386() {
         let mut v = json!({"a": {"b": 1, "c": 2}, "l": [1, 2]});
