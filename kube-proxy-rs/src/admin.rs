@@ -1,7 +1,8 @@
 //! Health, metrics and health-check servers, fed by the sync loops.
 //!
 //! [`Admin`] holds upstream's three HTTP surfaces: `/healthz` and `/livez`
-//! (`--healthz-bind-address`), `/metrics` (`--metrics-bind-address`), and one server per
+//! (`--healthz-bind-address`, with our `/readyz` beside them: 200 once every family's first
+//! sync is done), `/metrics` (`--metrics-bind-address`), and one server per
 //! `healthCheckNodePort` for Services with `externalTrafficPolicy: Local`. [`Observer`]
 //! implements the sync loop's [`SyncObserver`] and reports to them, the way upstream's
 //! proxiers call `QueuedUpdate`/`Updated`, observe the sync histograms and call
@@ -13,8 +14,9 @@ use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
 use kp_admin::{
-    HealthCheckAddresses, Metrics, ProxyHealth, ServeOptions, ServiceHealthServer, TrafficPolicy,
-    health_timeout, metrics_server, parse_bind_address, proxy_health_server,
+    AdminServer, HealthCheckAddresses, Metrics, ProxyHealth, Readiness, ServeOptions,
+    ServiceHealthServer, TrafficPolicy, health_timeout, metrics_server, parse_bind_address,
+    proxy_health_router, readiness_router,
 };
 use kp_model::{Changes, IpFamily, NamespacedName, Node, Snapshot};
 use kp_proxier::{ProxierError, SyncReport};
@@ -70,12 +72,20 @@ pub struct Admin {
     pub events: Option<crate::events::Events>,
     /// The node name (in the events' notes).
     pub node: String,
+    /// `/readyz`: every family's first sync done.
+    pub readiness: Readiness,
 }
 
 impl Admin {
     /// State for `mode` with health timeout 2 × `sync_period`, as upstream; `api_source`
-    /// when the objects come from the API server (adds its connectivity metrics).
-    pub fn new(mode: kp_admin::ProxyMode, sync_period: Duration, api_source: bool) -> Self {
+    /// when the objects come from the API server (adds its connectivity metrics); ready once
+    /// each of `families` has synced.
+    pub fn new(
+        mode: kp_admin::ProxyMode,
+        sync_period: Duration,
+        api_source: bool,
+        families: &[IpFamily],
+    ) -> Self {
         Admin {
             health: ProxyHealth::new(health_timeout(sync_period)),
             metrics: if api_source {
@@ -86,6 +96,7 @@ impl Admin {
             service_health: None,
             events: None,
             node: String::new(),
+            readiness: Readiness::new(families.iter().copied()),
         }
     }
 
@@ -114,13 +125,15 @@ impl Admin {
         if let Some(addr) = parse_bind_address(healthz, kp_admin::DEFAULT_HEALTHZ_PORT)
             .context("--healthz-bind-address")?
         {
-            let server = proxy_health_server(
+            // Upstream's /healthz and /livez, and our /readyz.
+            let server = AdminServer::new(
+                "healthz",
                 ServeOptions {
                     hard_fail,
                     ..ServeOptions::new(addr)
                 },
-                self.health.clone(),
-                self.metrics.clone(),
+                proxy_health_router(self.health.clone(), self.metrics.clone())
+                    .merge(readiness_router(self.readiness.clone())),
             );
             let stop = wait(shutdown.clone());
             tasks.spawn(async move { server.run(stop).await.context("healthz server") });
@@ -269,6 +282,7 @@ impl SyncObserver for Observer {
         }
         let Ok(report) = result else { return };
         self.admin.health.updated(family);
+        self.admin.readiness.synced(family);
         m.rules_total(family, "filter", report.filter_rules);
         m.rules_total(family, "nat", report.nat_rules);
         // Upstream: `..._iptables_total` the rules in the table, `..._iptables_last` the rules

@@ -390,11 +390,14 @@ pub struct ProxyArgs {
 
     /// Print what a fresh node would receive (the iptables-restore or `nft -f` input; in IPVS
     /// mode also the ipset payload and the IPVS table; in userspace mode also the proxy table,
-    /// with ports from 36000 up in place of the real ones), change nothing, exit.
+    /// with ports from 36000 up in place of the real ones), change nothing, exit. From the API
+    /// server it is a pre-flight check of the kubeconfig and the server: it exits 1, naming
+    /// the server, when the server has not answered for 10 s.
     #[arg(long)]
     pub dry_run: bool,
 
-    /// Sync once and exit: 0 when the sync succeeded.
+    /// Sync once and exit: 0 when the sync succeeded (from the API server, 1 when the server
+    /// has not answered for 10 s, as --dry-run).
     #[arg(long)]
     pub once: bool,
 

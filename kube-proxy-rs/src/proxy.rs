@@ -528,6 +528,71 @@ fn spawn_loop<P: Proxier + 'static>(
 /// Upstream's IPVS deprecation message (logged at start, and the `IPVSDeprecation` event).
 const IPVS_DEPRECATION: &str = "The ipvs proxier is now deprecated and may be removed in a future release. Please use 'nftables' instead.";
 
+/// How long a one-shot run (`--dry-run`, `--once`) from the API server waits for the server
+/// to answer (every kind's first request, or again after a failure) before it gives up.
+/// Generous for a reachable server, whose first answer comes in milliseconds (however long
+/// the lists then take), and short enough for a pre-flight check (docs/deploy.md).
+pub const ONE_SHOT_API_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Resolves with an error once `health` has not been [`SourceHealth::Connected`] for `limit`
+/// (from the start, or since the last time it was): the error names `server`, where its
+/// address came from, and the last failure. Never resolves while the server answers.
+///
+/// [`SourceHealth::Connected`]: kp_source::api::SourceHealth::Connected
+async fn unreachable_for(
+    mut health: tokio::sync::watch::Receiver<kp_source::api::SourceHealth>,
+    limit: std::time::Duration,
+    server: String,
+    origin: kp_source::api::ServerOrigin,
+) -> anyhow::Error {
+    use kp_source::api::SourceHealth;
+    loop {
+        // Not connected: wait at most `limit` for that to change.
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if health.borrow_and_update().is_connected() {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, health.changed()).await {
+                Ok(Ok(())) => {}
+                // The source is gone: its own result ends the run.
+                Ok(Err(_)) => std::future::pending::<()>().await,
+                Err(_) => {
+                    let why = match &*health.borrow() {
+                        SourceHealth::Disconnected { error, .. } => error.clone(),
+                        _ => "no answer yet".to_string(),
+                    };
+                    return anyhow!(
+                        "cannot reach the API server {server} ({origin}) within {} s: {why}",
+                        limit.as_secs()
+                    );
+                }
+            }
+        }
+        // Connected: wait until it is not.
+        while health.borrow_and_update().is_connected() {
+            if health.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+}
+
+/// The `kubernetes` Service's ClusterIP when the in-cluster configuration's
+/// `KUBERNETES_SERVICE_HOST` is it: the kubelet gives every container `KUBERNETES_PORT`
+/// (`tcp://IP:PORT` of that Service) too, and an operator who points
+/// `KUBERNETES_SERVICE_HOST` at the control plane makes the two differ.
+fn in_cluster_service_ip() -> Option<String> {
+    let host = std::env::var("KUBERNETES_SERVICE_HOST").ok()?;
+    let service = std::env::var("KUBERNETES_PORT").ok()?;
+    let service_host = service
+        .strip_prefix("tcp://")?
+        .rsplit_once(':')?
+        .0
+        .trim_matches(['[', ']']);
+    (service_host == host.trim_matches(['[', ']'])).then_some(host)
+}
+
 /// Runs the proxy as the flags say.
 ///
 /// # Errors
@@ -702,8 +767,12 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             kp_admin::ProxyMode::Iptables
         };
         let sync_period = if ipvs_mode { args.compat.ipvs_sync_period } else { args.iptables_sync_period };
-        let mut admin =
-            crate::admin::Admin::new(admin_mode, sync_period, args.manifests.is_none());
+        let mut admin = crate::admin::Admin::new(
+            admin_mode,
+            sync_period,
+            args.manifests.is_none(),
+            &families,
+        );
         admin.node = node.clone();
         admin.metrics.set_build_info(&crate::admin::build_info());
         admin.metrics.set_configz(crate::configz::GROUP, configz);
@@ -738,21 +807,34 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 })
             }
             None => {
-                let config = kp_source::api::config(args.kubeconfig.clone(), args.master.clone())
-                    .await
-                    .map_err(|e| anyhow!(e).context("connecting to the API server"))?;
+                let (config, origin) =
+                    kp_source::api::config(args.kubeconfig.clone(), args.master.clone())
+                        .await
+                        .map_err(|e| anyhow!(e).context("connecting to the API server"))?;
                 let server = kp_source::api::server_url(&config);
+                info!("API server {server} ({origin})");
+                if origin == kp_source::api::ServerOrigin::InCluster
+                    && let Some(ip) = in_cluster_service_ip()
+                {
+                    warn!(
+                        server = %server,
+                        "the API server address {ip} is the `kubernetes` Service's ClusterIP (KUBERNETES_SERVICE_HOST): it answers only through Service rules, so on a new or rebooted node this proxy cannot reach it to write them; give a kubeconfig naming the control-plane endpoint (clientConnection.kubeconfig, as kubeadm's kube-proxy ConfigMap does), or set KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT to it (docs/deploy.md)"
+                    );
+                }
                 let host = crate::restclient::host_label(&config.cluster_url);
-                let client = kube::Client::try_from(config)
-                    .map_err(|e| anyhow!(e).context("building the API client"))?;
+                let client = kube::Client::try_from(config).map_err(|e| {
+                    anyhow!(e).context(format!("building the API client for {server} ({origin})"))
+                })?;
                 // Every request is counted and timed as client-go's (rest_client_*).
                 let client = crate::restclient::instrumented(client, host, admin.metrics.clone());
                 if !args.dry_run && !args.once {
                     admin.events = Some(crate::events::Events::new(client.clone(), &node));
                 }
-                let api = kp_source::api::ApiSource::new(client, node.clone()).with_server(server);
+                let api = kp_source::api::ApiSource::new(client, node.clone())
+                    .with_server(server.clone());
                 let mut health = api.health();
                 let metrics = admin.metrics.clone();
+                let log_server = server.clone();
                 tokio::spawn(async move {
                     // The dataplane stays as it is while the API server is unreachable;
                     // say so once per change of state, and in the connectivity metrics.
@@ -761,20 +843,30 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                         metrics.api_server_connected(state.is_connected());
                         match state {
                             kp_source::api::SourceHealth::Disconnected { error, .. } => {
-                                warn!(%error, "API server unreachable: keeping the programmed rules, retrying with backoff")
+                                warn!(server = %log_server, %error, "API server unreachable: keeping the programmed rules, retrying with backoff")
                             }
-                            kp_source::api::SourceHealth::Connected => info!("connected to the API server"),
+                            kp_source::api::SourceHealth::Connected => info!(server = %log_server, "connected to the API server"),
                             kp_source::api::SourceHealth::Connecting => {}
                         }
                     }
                 });
+                // A one-shot run (--dry-run, --once) is a check an operator waits for: it
+                // gives up when the server stays unreachable, naming it.
+                let give_up = (args.dry_run || args.once).then(|| {
+                    unreachable_for(api.health(), ONE_SHOT_API_LIMIT, server.clone(), origin.clone())
+                });
                 tokio::spawn(async move {
-                    api.run(tx, move |e| {
+                    let run = api.run(tx, move |e| {
                         counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         error!("{e}")
-                    })
-                    .await
-                    .map_err(|e| anyhow!(e).context("API source"))
+                    });
+                    match give_up {
+                        Some(give_up) => tokio::select! {
+                            r = run => r.map_err(|e| anyhow!(e).context("API source")),
+                            e = give_up => Err(e),
+                        },
+                        None => run.await.map_err(|e| anyhow!(e).context("API source")),
+                    }
                 })
             }
         };
@@ -1024,6 +1116,14 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 joined = loops.join_next() => match joined {
                     None => break,
                     Some(Ok((family, Err(e)))) => {
+                        // A source that failed closes the loops' events: its own error says
+                        // why, not the loop's "ended early" (the two arrive in either order).
+                        if !source_done && matches!(e, kp_runtime::RuntimeError::SourceEndedEarly) {
+                            source_done = true;
+                            if let Ok(Err(source_error)) = (&mut source).await {
+                                result = Err(source_error);
+                            }
+                        }
                         if result.is_ok() {
                             result = Err(anyhow!(e).context(format!("{family} proxier")));
                         }
@@ -1042,6 +1142,12 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         if mode == RunMode::Daemon {
             // Once for every family; a dry run or --once never gets here as a daemon.
             info!("shutting down; the programmed rules stay in place");
+        }
+        if result.is_err() {
+            // Nothing was synced: no empty "would write" sections after the error.
+            ipvs_outputs.clear();
+            userspace_outputs.clear();
+            outputs.clear();
         }
         for (family, ipset_sink, ipvs_sink) in ipvs_outputs {
             let sets = ipset_sink.lock().map(|s| s.clone()).unwrap_or_default();

@@ -8,6 +8,10 @@
 //!   [`ProxyHealth::queued_update`] / [`ProxyHealth::updated`] per IP family; a family whose
 //!   queued update waited at least the health timeout (2 × `--iptables-sync-period`) is
 //!   unhealthy.
+//! - **Readiness** ([`Readiness`], [`readiness_router`]): `/readyz` on the same server, 200
+//!   once every family has completed its first sync (ours: upstream has no readiness
+//!   endpoint, and its `/healthz` is 200 before the first sync). The DaemonSet's readiness
+//!   probe, so a rolling update waits for each node's rules.
 //! - **Service health checks** ([`ServiceHealthServer`]): one listener per
 //!   `healthCheckNodePort` (Services with `externalTrafficPolicy: Local`), answering 200 while
 //!   the node has ready local endpoints and the proxy is healthy, else 503.
@@ -28,6 +32,7 @@ pub mod metrics;
 pub mod nfacct;
 pub mod process;
 pub mod proxy_health;
+pub mod readiness;
 pub mod server;
 pub mod service_health;
 pub mod userspace;
@@ -43,6 +48,7 @@ pub use proxy_health::{
     DEFAULT_HEALTHZ_PORT, FamilyHealth, HealthReply, HealthStatus, ProxyHealth,
     TO_BE_DELETED_TAINT, health_timeout, proxy_health_router, proxy_health_server,
 };
+pub use readiness::{Readiness, readiness_router};
 pub use server::{AdminServer, BoundServer, ServeOptions};
 pub use service_health::{HealthCheckAddresses, ListenFailure, ServiceHealthServer};
 pub use userspace::{UserspaceListenerStats, UserspaceStats};

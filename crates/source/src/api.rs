@@ -70,7 +70,9 @@
 //! list or watch event fail inside kube-rs; that is retried with backoff like a connection
 //! error. The real API server never sends such objects.
 //!
-//! [`client`] builds the kube client from `--kubeconfig` and `--master` as kube-proxy does.
+//! [`connect`] (or [`client`]) builds the kube client from `--kubeconfig` and `--master` as
+//! kube-proxy does, and names the server and where its address came from ([`ApiClient`],
+//! [`ServerOrigin`]) for the caller's messages.
 
 mod backoff;
 mod health;
@@ -221,7 +223,7 @@ impl ApiSource {
     }
 
     /// Names the API server in the log lines of failed requests (the client's URL, e.g.
-    /// `https://10.0.0.1:6443`, as [`client_with_server`] returns it): `cannot reach the API
+    /// `https://10.0.0.1:6443`, as [`connect`] gives it): `cannot reach the API
     /// server https://10.0.0.1:6443: watching Services: ...; retrying in 4s`. Without it the
     /// lines say `cannot reach the API server: ...`.
     #[must_use]
@@ -334,11 +336,84 @@ pub async fn watch_api(
     ApiSource::new(client, node_name).run(tx, errors).await
 }
 
-/// Builds the kube client the way kube-proxy builds its clientset:
+/// Where the API server's address came from, for messages: every connection error names
+/// the server and this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerOrigin {
+    /// The current context of a kubeconfig file (`--kubeconfig`, or `clientConnection.kubeconfig`
+    /// of a `--config` file).
+    Kubeconfig(PathBuf),
+    /// `--master` (alone, or replacing the server of a kubeconfig).
+    Master,
+    /// The in-cluster configuration: `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT`
+    /// (in a pod, the `kubernetes` Service's ClusterIP, reachable only through Service rules)
+    /// with the pod's service-account token and CA.
+    InCluster,
+    /// The default kubeconfig (`$KUBECONFIG`, else `~/.kube/config`), used when neither a
+    /// kubeconfig nor `--master` is given and the process does not run in a pod.
+    DefaultKubeconfig,
+}
+
+impl fmt::Display for ServerOrigin {
+    /// `from --kubeconfig /var/lib/kube-proxy/kubeconfig.conf`, `from --master`, `from the
+    /// in-cluster configuration (KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT)`, `from
+    /// the default kubeconfig ($KUBECONFIG or ~/.kube/config)`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServerOrigin::Kubeconfig(path) => write!(f, "from --kubeconfig {}", path.display()),
+            ServerOrigin::Master => f.write_str("from --master"),
+            ServerOrigin::InCluster => f.write_str(
+                "from the in-cluster configuration (KUBERNETES_SERVICE_HOST, KUBERNETES_SERVICE_PORT)",
+            ),
+            ServerOrigin::DefaultKubeconfig => {
+                f.write_str("from the default kubeconfig ($KUBECONFIG or ~/.kube/config)")
+            }
+        }
+    }
+}
+
+/// A client built by [`connect`], with the server it talks to.
+#[derive(Clone)]
+pub struct ApiClient {
+    /// The client (kube's retry of `429`/`503`/`504` off, see [`connect`]).
+    pub client: Client,
+    /// The server's URL as the client uses it, e.g. `https://10.96.0.1/` or
+    /// `https://192.168.1.10:6443/`.
+    pub server: String,
+    /// Where that URL came from.
+    pub origin: ServerOrigin,
+}
+
+impl fmt::Debug for ApiClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiClient")
+            .field("server", &self.server)
+            .field("origin", &self.origin)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds the kube client the way kube-proxy builds its clientset; [`connect`] without the
+/// server's name.
+///
+/// # Errors
+/// See [`connect`].
+pub async fn client(
+    kubeconfig: Option<PathBuf>,
+    master: Option<String>,
+) -> Result<Client, SourceError> {
+    connect(kubeconfig, master).await.map(|c| c.client)
+}
+
+/// Builds the kube client the way kube-proxy builds its clientset, and says which server it
+/// talks to and why:
 ///
 /// - `kubeconfig` given: that file (its current context); `master`, when also given,
 ///   replaces the cluster's server URL (`--master` overrides the kubeconfig, as in
-///   client-go's `BuildConfigFromFlags`).
+///   client-go's `BuildConfigFromFlags`). File paths in the kubeconfig (`certificate-authority`,
+///   `tokenFile`, client certificates) are read relative to the kubeconfig's directory, and
+///   a `tokenFile` is read again as it changes (projected service-account tokens rotate), as
+///   client-go does.
 /// - only `master`: that URL, without credentials.
 /// - neither: the in-cluster configuration (service-account token,
 ///   `KUBERNETES_SERVICE_HOST`), as upstream; when not running in a cluster, the default
@@ -348,34 +423,30 @@ pub async fn watch_api(
 /// off: the reflectors retry with their own backoff, and [`ApiSource::health`] must see each
 /// failure when it happens.
 ///
-/// # Errors
-/// [`SourceError::Client`] naming what could not be read or built.
-pub async fn client(
-    kubeconfig: Option<PathBuf>,
-    master: Option<String>,
-) -> Result<Client, SourceError> {
-    Ok(client_with_server(kubeconfig, master).await?.0)
-}
-
-/// [`client`], and the URL of the API server it talks to (`https://10.0.0.1:6443`, without
-/// a trailing `/`), for [`ApiSource::with_server`] and other messages that name the server.
+/// Nothing is sent to the server here: an unreachable server is found by the first request.
 ///
 /// # Errors
-/// See [`client`].
-pub async fn client_with_server(
+/// [`SourceError::Client`] naming what could not be read or built, and the server when it
+/// is known (a kubeconfig whose CA file is missing names the file and the server).
+pub async fn connect(
     kubeconfig: Option<PathBuf>,
     master: Option<String>,
-) -> Result<(Client, String), SourceError> {
-    let config = config(kubeconfig, master).await?;
-    let url = server_url(&config);
+) -> Result<ApiClient, SourceError> {
+    let (config, origin) = config(kubeconfig, master).await?;
+    let server = server_url(&config);
     let client = Client::try_from(config).map_err(|e| SourceError::Client {
-        context: format!("cannot build a client for {url}"),
+        context: format!("cannot build a client for {server} ({origin})"),
         source: Box::new(e),
     })?;
-    Ok((client, url))
+    Ok(ApiClient {
+        client,
+        server,
+        origin,
+    })
 }
 
-/// The URL of `config`'s API server (`https://10.0.0.1:6443`, without a trailing `/`).
+/// The URL of `config`'s API server (`https://10.0.0.1:6443`, without a trailing `/`), as
+/// every message that names the server gives it.
 pub fn server_url(config: &kube::Config) -> String {
     config
         .cluster_url
@@ -384,15 +455,16 @@ pub fn server_url(config: &kube::Config) -> String {
         .to_string()
 }
 
-/// The kube configuration [`client`] builds its client from (the API server's URL is
-/// `cluster_url`, which the request metrics label their `host` with).
+/// The kube configuration [`connect`] builds its client from, and where its server came
+/// from; the binary wraps the client built from it to count and time its requests (the API
+/// server's URL, `cluster_url`, labels them).
 ///
 /// # Errors
-/// As [`client`].
+/// As [`connect`].
 pub async fn config(
     kubeconfig: Option<PathBuf>,
     master: Option<String>,
-) -> Result<kube::Config, SourceError> {
+) -> Result<(kube::Config, ServerOrigin), SourceError> {
     let fail = |context: String| {
         move |e: Box<dyn std::error::Error + Send + Sync>| SourceError::Client {
             context,
@@ -407,39 +479,68 @@ pub async fn config(
         None => None,
     };
     let kube_options = kube::config::KubeConfigOptions::default();
-    let mut config = match (kubeconfig, &master_uri) {
+    let (mut config, mut origin) = match (kubeconfig, &master_uri) {
         (Some(path), _) => {
             let file = kube::config::Kubeconfig::read_from(&path).map_err(|e| {
                 fail(format!("cannot read kubeconfig {}", path.display()))(Box::new(e))
             })?;
-            kube::Config::from_custom_kubeconfig(file, &kube_options)
+            let server = match current_server(&file) {
+                Some(server) => format!(" (server {server})"),
+                None => String::new(),
+            };
+            let config = kube::Config::from_custom_kubeconfig(file, &kube_options)
                 .await
-                .map_err(|e| fail(format!("invalid kubeconfig {}", path.display()))(Box::new(e)))?
+                .map_err(|e| {
+                    fail(format!("invalid kubeconfig {}{server}", path.display()))(Box::new(e))
+                })?;
+            (config, ServerOrigin::Kubeconfig(path))
         }
-        (None, Some(uri)) => kube::Config::new(uri.clone()),
+        (None, Some(uri)) => (kube::Config::new(uri.clone()), ServerOrigin::Master),
         (None, None) => match kube::Config::incluster() {
-            Ok(config) => config,
+            Ok(config) => (config, ServerOrigin::InCluster),
             Err(in_cluster) => {
                 debug!(error = %in_cluster, "no in-cluster configuration; trying the default kubeconfig");
-                kube::Config::from_kubeconfig(&kube_options)
+                let config = kube::Config::from_kubeconfig(&kube_options)
                     .await
                     .map_err(|e| {
                         fail(format!(
                             "no --kubeconfig or --master, not in a cluster ({in_cluster}), \
                              and no usable default kubeconfig"
                         ))(Box::new(e))
-                    })?
+                    })?;
+                (config, ServerOrigin::DefaultKubeconfig)
             }
         },
     };
     if let Some(uri) = master_uri {
         config.cluster_url = uri;
+        origin = ServerOrigin::Master;
     }
     // kube's own retry layer would retry 429/503/504 up to 15 times (5 ms doubling, for
     // minutes) inside one request, hiding the outage from the reflectors' backoff and from the
     // health signal. Retrying is the reflectors' job.
     config.default_retry = false;
-    Ok(config)
+    Ok((config, origin))
+}
+
+/// The `server` of the kubeconfig's current context's cluster, if it names one.
+fn current_server(file: &kube::config::Kubeconfig) -> Option<String> {
+    let context = file.current_context.as_deref()?;
+    let cluster = file
+        .contexts
+        .iter()
+        .find(|c| c.name == context)?
+        .context
+        .as_ref()?
+        .cluster
+        .as_str();
+    file.clusters
+        .iter()
+        .find(|c| c.name == cluster)?
+        .cluster
+        .as_ref()?
+        .server
+        .clone()
 }
 
 /// One reflector's event, tagged with its kind (boxed: the objects are large).

@@ -45,6 +45,20 @@
 //!   `metadata.name` and `metadata.namespace` with `=`, `==` or `!=`. Anything else is a
 //!   `400 Bad Request` `Status`, as the real server answers.
 //!
+//! Beyond list/watch (module `objects`): discovery of every served group, and `GET`, `POST`
+//! (with `dryRun=All`), merge-patch `PATCH` and `DELETE` of single objects of those three
+//! kinds and of ConfigMaps, ServiceAccounts, Namespaces, DaemonSets, Jobs, ClusterRoles and
+//! ClusterRoleBindings, decoded strictly as the real server does with
+//! `fieldValidation=Strict` (an unknown field is a `400` naming it): enough for
+//! `kubectl apply --validate=false`, `get`, `label` and `patch --type merge`
+//! ([`objects::RESOURCES`]).
+//!
+//! [`TestApiServer::start_with`] adds what a real cluster's clients meet
+//! ([`ApiServerOptions`]): HTTPS with a certificate signed by a test CA ([`TestCerts`]), and
+//! a bearer token every request but `/version`, `/healthz`, `/readyz` and `/livez` must
+//! carry (`401 Unauthorized` otherwise, as the real server answers a missing or wrong
+//! service-account token).
+//!
 //! The test controls what happens: [`TestApiServer::upsert`] / [`TestApiServer::delete`]
 //! change objects, [`TestApiServer::drop_connections`] breaks every open watch mid-stream
 //! (the chunked body is cut without its terminating chunk),
@@ -56,6 +70,7 @@
 //! a backup does, [`TestApiServer::set_unavailable`] answers everything `503` (and breaks
 //! open watches), and [`TestApiServer::requests`] is the request log: what the client asked
 //! for, with every query parameter.
+//! [`TestApiServer::hold_lists`] keeps list requests waiting (a slow first list).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -82,10 +97,16 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+mod objects;
+mod tls;
+
+pub use objects::{RESOURCES, Resource};
+pub use tls::TestCerts;
+
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
-use axum::http::{Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -113,6 +134,19 @@ pub enum ApiServerError {
     /// The kube client could not be built.
     #[error("test API server: cannot build client: {0}")]
     Client(#[from] kube::Error),
+    /// The TLS certificates could not be made or loaded.
+    #[error("test API server: TLS: {0}")]
+    Tls(String),
+}
+
+/// How [`TestApiServer::start_with`] serves.
+#[derive(Debug, Clone, Default)]
+pub struct ApiServerOptions {
+    /// Serve HTTPS with these certificates ([`TestCerts::generate`]); plain HTTP when `None`.
+    pub tls: Option<TestCerts>,
+    /// Require `Authorization: Bearer <token>` on every request but `/version`, `/healthz`,
+    /// `/readyz` and `/livez` (`401 Unauthorized` otherwise).
+    pub bearer_token: Option<String>,
 }
 
 /// A kind of object the server stores.
@@ -251,6 +285,7 @@ impl Backup {
 /// connections and breaks every open watch.
 pub struct TestApiServer {
     addr: SocketAddr,
+    https: bool,
     shared: Arc<Shared>,
     task: JoinHandle<()>,
 }
@@ -297,6 +332,8 @@ struct Store {
     compacted: u64,
     unavailable: bool,
     requests: Vec<ApiRequest>,
+    /// The objects of the kinds nobody watches (ConfigMaps, DaemonSets, ...).
+    others: objects::Objects,
 }
 
 struct Shared {
@@ -306,6 +343,10 @@ struct Shared {
     /// Bumped by [`TestApiServer::reset_connections`]: a connection accepted before closes
     /// with a reset.
     reset_generation: Arc<AtomicU64>,
+    /// The bearer token requests must carry, if any.
+    token: Option<String>,
+    /// While `true`, list requests wait ([`TestApiServer::hold_lists`]).
+    lists_held: tokio::sync::watch::Sender<bool>,
 }
 
 /// The server's listener: its connections close with a TCP reset after
@@ -402,14 +443,112 @@ impl Shared {
     fn open(&self, kind: ApiKind) -> &AtomicUsize {
         &self.open_watches[kind as usize]
     }
+
+    /// [`TestApiServer::upsert_value`].
+    fn upsert(&self, mut object: Value) -> Result<u64, ApiServerError> {
+        let map = object
+            .as_object_mut()
+            .ok_or_else(|| ApiServerError::BadObject("the object is not a JSON object".into()))?;
+        let kind_text = map.get("kind").and_then(Value::as_str).unwrap_or("");
+        let kind = ApiKind::from_kind(kind_text)
+            .ok_or_else(|| ApiServerError::UnknownKind(kind_text.to_string()))?;
+        map.insert("apiVersion".into(), kind.api_version().into());
+        let meta = map
+            .entry("metadata")
+            .or_insert_with(|| json!({}))
+            .as_object_mut()
+            .ok_or_else(|| ApiServerError::BadObject("metadata is not an object".into()))?;
+        let name = meta
+            .get("name")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .ok_or_else(|| ApiServerError::BadObject("metadata.name is missing".into()))?
+            .to_string();
+        let namespace = if kind.namespaced() {
+            let ns = meta
+                .get("namespace")
+                .and_then(Value::as_str)
+                .filter(|n| !n.is_empty())
+                .unwrap_or("default")
+                .to_string();
+            meta.insert("namespace".into(), ns.clone().into());
+            ns
+        } else {
+            meta.remove("namespace");
+            String::new()
+        };
+        let key = Key {
+            kind,
+            namespace,
+            name,
+        };
+
+        let mut store = self.lock();
+        store.rv += 1;
+        let rv = store.rv;
+        let old = store.objects.get(&key).cloned();
+        let uid = old
+            .as_ref()
+            .and_then(|o| o.pointer("/metadata/uid"))
+            .and_then(Value::as_str)
+            .map_or_else(|| format!("uid-{rv}"), str::to_string);
+        meta.insert("resourceVersion".into(), rv.to_string().into());
+        meta.insert("uid".into(), uid.into());
+        store.objects.insert(key, object.clone());
+        self.record(&mut store, kind, old, Some(object));
+        Ok(rv)
+    }
+
+    /// [`TestApiServer::delete`].
+    fn delete(&self, kind: ApiKind, namespace: &str, name: &str) -> Option<u64> {
+        let key = Key {
+            kind,
+            namespace: if kind.namespaced() {
+                namespace.to_string()
+            } else {
+                String::new()
+            },
+            name: name.to_string(),
+        };
+        let mut store = self.lock();
+        let old = store.objects.remove(&key)?;
+        store.rv += 1;
+        let rv = store.rv;
+        self.record(&mut store, kind, Some(old), None);
+        Some(rv)
+    }
+
+    /// Appends a change to the history and tells open watches (under the lock, so the
+    /// order of messages is the order of changes).
+    fn record(&self, store: &mut Store, kind: ApiKind, old: Option<Value>, new: Option<Value>) {
+        let change = Arc::new(Change {
+            rv: store.rv,
+            kind,
+            old,
+            new,
+        });
+        store.history.push(change.clone());
+        let _ = self.events.send(Msg::Change(change));
+    }
 }
 
 impl TestApiServer {
-    /// Starts the server on `127.0.0.1:0`, empty, at resourceVersion 1.
+    /// Starts the server on `127.0.0.1:0`, empty, at resourceVersion 1, plain HTTP without
+    /// authentication.
     ///
     /// # Errors
     /// [`ApiServerError::Io`] when the listener cannot be bound.
     pub async fn start() -> Result<TestApiServer, ApiServerError> {
+        TestApiServer::start_with(ApiServerOptions::default()).await
+    }
+
+    /// Starts the server on `127.0.0.1:0` as `options` say (HTTPS, a bearer token).
+    ///
+    /// # Errors
+    /// [`ApiServerError::Io`] when the listener cannot be bound, [`ApiServerError::Tls`]
+    /// when the certificates cannot be loaded.
+    pub async fn start_with(options: ApiServerOptions) -> Result<TestApiServer, ApiServerError> {
+        let acceptor = options.tls.as_ref().map(TestCerts::acceptor).transpose()?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (events, _) = broadcast::channel(4096);
@@ -421,23 +560,38 @@ impl TestApiServer {
             events,
             open_watches: Default::default(),
             reset_generation: Arc::default(),
+            token: options.bearer_token,
+            lists_held: tokio::sync::watch::Sender::new(false),
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
-        let listener = ResettingListener {
-            inner: listener,
-            generation: shared.reset_generation.clone(),
-        };
-        let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::warn!(error = %e, "test API server stopped");
+        let https = acceptor.is_some();
+        let task = match acceptor {
+            // TLS connections close as tokio-rustls closes them (no reset_connections).
+            Some(acceptor) => tokio::spawn(tls::serve(listener, acceptor, app)),
+            None => {
+                let listener = ResettingListener {
+                    inner: listener,
+                    generation: shared.reset_generation.clone(),
+                };
+                tokio::spawn(async move {
+                    if let Err(e) = axum::serve(listener, app).await {
+                        tracing::warn!(error = %e, "test API server stopped");
+                    }
+                })
             }
-        });
-        Ok(TestApiServer { addr, shared, task })
+        };
+        Ok(TestApiServer {
+            addr,
+            https,
+            shared,
+            task,
+        })
     }
 
-    /// The base URL, `http://127.0.0.1:PORT`.
+    /// The base URL, `http://127.0.0.1:PORT` (`https://` when serving TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// The address the server listens on.
@@ -487,92 +641,15 @@ impl TestApiServer {
     /// # Errors
     /// [`ApiServerError::BadObject`] when `object` is not a JSON object or has no
     /// `metadata.name`; [`ApiServerError::UnknownKind`] for another kind.
-    pub fn upsert_value(&self, mut object: Value) -> Result<u64, ApiServerError> {
-        let map = object
-            .as_object_mut()
-            .ok_or_else(|| ApiServerError::BadObject("the object is not a JSON object".into()))?;
-        let kind_text = map.get("kind").and_then(Value::as_str).unwrap_or("");
-        let kind = ApiKind::from_kind(kind_text)
-            .ok_or_else(|| ApiServerError::UnknownKind(kind_text.to_string()))?;
-        map.insert("apiVersion".into(), kind.api_version().into());
-        let meta = map
-            .entry("metadata")
-            .or_insert_with(|| json!({}))
-            .as_object_mut()
-            .ok_or_else(|| ApiServerError::BadObject("metadata is not an object".into()))?;
-        let name = meta
-            .get("name")
-            .and_then(Value::as_str)
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| ApiServerError::BadObject("metadata.name is missing".into()))?
-            .to_string();
-        let namespace = if kind.namespaced() {
-            let ns = meta
-                .get("namespace")
-                .and_then(Value::as_str)
-                .filter(|n| !n.is_empty())
-                .unwrap_or("default")
-                .to_string();
-            meta.insert("namespace".into(), ns.clone().into());
-            ns
-        } else {
-            meta.remove("namespace");
-            String::new()
-        };
-        let key = Key {
-            kind,
-            namespace,
-            name,
-        };
-
-        let mut store = self.shared.lock();
-        store.rv += 1;
-        let rv = store.rv;
-        let old = store.objects.get(&key).cloned();
-        let uid = old
-            .as_ref()
-            .and_then(|o| o.pointer("/metadata/uid"))
-            .and_then(Value::as_str)
-            .map_or_else(|| format!("uid-{rv}"), str::to_string);
-        meta.insert("resourceVersion".into(), rv.to_string().into());
-        meta.insert("uid".into(), uid.into());
-        store.objects.insert(key, object.clone());
-        self.record(&mut store, kind, old, Some(object));
-        Ok(rv)
+    pub fn upsert_value(&self, object: Value) -> Result<u64, ApiServerError> {
+        self.shared.upsert(object)
     }
 
     /// Deletes an object (`namespace` is ignored for Nodes). Open watches see `DELETED`
     /// with the last version of the object at the new resourceVersion. Returns the new
     /// resourceVersion, or `None` when there was no such object.
     pub fn delete(&self, kind: ApiKind, namespace: &str, name: &str) -> Option<u64> {
-        let key = Key {
-            kind,
-            namespace: if kind.namespaced() {
-                namespace.to_string()
-            } else {
-                String::new()
-            },
-            name: name.to_string(),
-        };
-        let mut store = self.shared.lock();
-        let old = store.objects.remove(&key)?;
-        store.rv += 1;
-        let rv = store.rv;
-        self.record(&mut store, kind, Some(old), None);
-        Some(rv)
-    }
-
-    /// Appends a change to the history and tells open watches (under the lock, so the
-    /// order of messages is the order of changes).
-    fn record(&self, store: &mut Store, kind: ApiKind, old: Option<Value>, new: Option<Value>) {
-        let change = Arc::new(Change {
-            rv: store.rv,
-            kind,
-            old,
-            new,
-        });
-        store.history.push(change.clone());
-        let _ = self.shared.events.send(Msg::Change(change));
+        self.shared.delete(kind, namespace, name)
     }
 
     /// Cuts every open watch mid-stream: the connection is closed without the chunked
@@ -653,6 +730,13 @@ impl TestApiServer {
         if unavailable {
             let _ = self.shared.events.send(Msg::Drop);
         }
+    }
+
+    /// While `true`, every list request (of the three watched kinds) is received, counted in
+    /// [`TestApiServer::requests`], and left waiting for its answer until this is set back to
+    /// `false`: a first list that takes as long as the test wants.
+    pub fn hold_lists(&self, held: bool) {
+        self.shared.lists_held.send_replace(held);
     }
 
     /// The current resourceVersion.
@@ -766,8 +850,9 @@ async fn handle(
     State(shared): State<Arc<Shared>>,
     method: Method,
     uri: Uri,
+    headers: HeaderMap,
     Query(query): Query<HashMap<String, String>>,
-    body: axum::body::Bytes,
+    body: Bytes,
 ) -> Response {
     let path = uri.path().to_string();
     let params: BTreeMap<String, String> =
@@ -796,19 +881,32 @@ async fn handle(
             );
         }
     }
+    if let Some(token) = &shared.token {
+        let public = matches!(
+            path.trim_end_matches('/'),
+            "/version" | "/healthz" | "/readyz" | "/livez"
+        );
+        let bearer = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !public && bearer != Some(token.as_str()) {
+            return status(StatusCode::UNAUTHORIZED, "Unauthorized", "Unauthorized");
+        }
+    }
     if let Some((namespace, name)) = events_path(&path) {
         return events(&shared, &method, namespace, name, &body);
     }
-    if method != Method::GET {
-        return status(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "MethodNotAllowed",
-            "the test API server only serves GET (and POST/PATCH of events)",
-        );
-    }
-    let Some((kind, namespace)) = target else {
-        return discovery(&path);
+    // Lists and watches of the watched kinds here; everything else (discovery, single
+    // objects, the other kinds, writes) in `objects`.
+    let (kind, namespace) = match target {
+        Some(t) if method == Method::GET => t,
+        _ => return objects::handle(&shared, &method, &path, &query, &headers, &body),
     };
+    if !watch {
+        let mut held = shared.lists_held.subscribe();
+        let _ = held.wait_for(|held| !held).await;
+    }
     let selector = match Selector::parse(&query, namespace) {
         Ok(s) => s,
         Err(message) => return status(StatusCode::BAD_REQUEST, "BadRequest", &message),

@@ -12,8 +12,12 @@
 //! * [`process`]: [`ChildGuard`] (a child process stopped on drop) and [`wait_for`].
 //! * [`conformance`]: the packet-flow table every proxy mode must pass.
 //! * [`apiserver`]: [`apiserver::TestApiServer`], an in-process Kubernetes API server
-//!   (list/watch of Services, EndpointSlices and Nodes over loopback HTTP) for testing the
-//!   API-server source; it needs no root.
+//!   (list/watch of Services, EndpointSlices and Nodes over loopback HTTP or HTTPS, and
+//!   enough of the rest of the API for `kubectl apply` of a deployment) for testing the
+//!   API-server source and `deploy/`; it needs no root.
+//! * [`pod`]: [`pod::PodFiles`], files at a pod's fixed paths (a ConfigMap volume, the
+//!   service-account token) for one process in a namespace, through overlays in its own
+//!   mount namespace; the machine's file system is not changed.
 //! * [`vm`]: a qemu guest with Debian's kernel for what this kernel lacks (IPVS, dummy
 //!   links): [`vm::GuestCommand`] runs one command in it, [`vm::run_tests`] is the `main` of
 //!   a `harness = false` test target that runs its trials there (docs/vm.md).
@@ -51,6 +55,7 @@ pub mod conformance;
 pub mod error;
 pub mod golden;
 pub mod netns;
+pub mod pod;
 pub mod process;
 pub mod rss;
 pub mod vm;
