@@ -81,6 +81,12 @@ pub fn directives(verbosity: u8) -> String {
     // are its only messages at those levels, and neither means a change is missed: watch
     // errors reach the source's handler, which reloads and logs them itself.
     out.push_str(",notify=warn,notify::inotify=error");
+    // kube-client logs every failed request at ERROR ("failed with error client error
+    // (Connect)"), without the server or what was asked; the source logs the same failure
+    // as one WARN line naming both and the next retry. Shown from -v=6, with the requests.
+    if verbosity < 6 {
+        out.push_str(",kube_client::client::builder=off");
+    }
     out
 }
 

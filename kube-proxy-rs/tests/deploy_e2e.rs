@@ -686,7 +686,7 @@ fn kubeadm_cluster_moves_node_by_node_as_documented() {
     let log = proxy_log();
     assert!(
         log.contains(&format!(
-            "API server {}/ (from --kubeconfig /var/lib/kube-proxy/kubeconfig.conf)",
+            "API server {} (from --kubeconfig /var/lib/kube-proxy/kubeconfig.conf)",
             api.url()
         )),
         "the start names the server and where it came from:\n{log}"
@@ -811,7 +811,7 @@ fn preflight_fails_in_bounded_time_naming_the_server() {
     assert!(took < Duration::from_secs(40), "took {took:?}\n{err}");
     assert!(
         err.contains(
-            "cannot reach the API server https://10.96.0.1/ (from the in-cluster configuration"
+            "cannot reach the API server https://10.96.0.1 (from the in-cluster configuration"
         ),
         "{err}"
     );
@@ -898,7 +898,7 @@ fn preflight_fails_in_bounded_time_naming_the_server() {
     assert!(took < Duration::from_secs(40), "took {took:?}\n{err}");
     assert!(
         err.contains(
-            "cannot reach the API server https://control-plane.example:6443/ (from --kubeconfig /var/lib/kube-proxy/kubeconfig.conf)"
+            "cannot reach the API server https://control-plane.example:6443 (from --kubeconfig /var/lib/kube-proxy/kubeconfig.conf)"
         ),
         "{err}"
     );
@@ -938,7 +938,7 @@ fn dry_run_against_an_unreachable_server_ends_in_seconds() {
     assert_eq!(code, Some(1), "{err}");
     assert!(took < Duration::from_secs(40), "took {took:?}");
     assert!(
-        err.contains("cannot reach the API server http://127.0.0.1:1/ (from --master) within 10 s"),
+        err.contains("cannot reach the API server http://127.0.0.1:1 (from --master) within 10 s"),
         "{err}"
     );
     assert!(read(&out_path).is_empty(), "no rules after the error");

@@ -377,8 +377,8 @@ impl fmt::Display for ServerOrigin {
 pub struct ApiClient {
     /// The client (kube's retry of `429`/`503`/`504` off, see [`connect`]).
     pub client: Client,
-    /// The server's URL as the client uses it, e.g. `https://10.96.0.1/` or
-    /// `https://192.168.1.10:6443/`.
+    /// The server's URL, e.g. `https://10.96.0.1` or `https://192.168.1.10:6443` (no
+    /// trailing `/`, as every message gives it).
     pub server: String,
     /// Where that URL came from.
     pub origin: ServerOrigin,

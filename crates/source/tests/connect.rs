@@ -23,7 +23,7 @@ async fn connect_names_the_server_and_its_origin() {
     let dir = tempfile::tempdir().unwrap();
     let path = kubeconfig(dir.path(), "    server: http://192.0.2.10:6443\n");
     let c = connect(Some(path.clone()), None).await.unwrap();
-    assert_eq!(c.server, "http://192.0.2.10:6443/");
+    assert_eq!(c.server, "http://192.0.2.10:6443");
     assert_eq!(c.origin, ServerOrigin::Kubeconfig(path.clone()));
     assert_eq!(
         c.origin.to_string(),
@@ -33,7 +33,7 @@ async fn connect_names_the_server_and_its_origin() {
     let c = connect(Some(path), Some("http://127.0.0.1:1".into()))
         .await
         .unwrap();
-    assert_eq!(c.server, "http://127.0.0.1:1/");
+    assert_eq!(c.server, "http://127.0.0.1:1");
     assert_eq!(c.origin, ServerOrigin::Master);
     assert_eq!(c.origin.to_string(), "from --master");
 }

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use kp_model::ObjectKind;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::debug;
 
 /// The API source's connection state, for health reporting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,7 +94,7 @@ impl Health {
         match (outcome, &*slot) {
             (Ok(()), KindHealth::Ok) => return,
             (Ok(()), KindHealth::Failed { .. }) => {
-                info!(kind = ?kind, "API server reachable again");
+                debug!(kind = ?kind, "API server reachable again");
                 *slot = KindHealth::Ok;
             }
             (Ok(()), KindHealth::Unknown) => *slot = KindHealth::Ok,
@@ -105,7 +105,9 @@ impl Health {
                 };
             }
             (Err(error), _) => {
-                warn!(kind = ?kind, %error, "API server unreachable; keeping the current rules and retrying");
+                // The reflector's own line names the server and the next retry; the
+                // binary logs the change of state once for all kinds.
+                debug!(kind = ?kind, %error, "API server unreachable; keeping the current rules and retrying");
                 *slot = KindHealth::Failed {
                     since: Instant::now(),
                     error,
