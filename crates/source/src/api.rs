@@ -1,7 +1,7 @@
-//! The API-server source: Services, EndpointSlices and this node's Node, watched like
-//! upstream kube-proxy's informers.
+//! The API-server source: Services, EndpointSlices, this node's Node and ServiceCIDRs, watched
+//! like upstream kube-proxy's informers.
 //!
-//! [`ApiSource::run`] (or [`watch_api`]) runs three kube-rs
+//! [`ApiSource::run`] (or [`watch_api`]) runs four kube-rs
 //! [`watcher`](kube::runtime::watcher())s, which do the list/watch protocol (initial list with
 //! pagination, watch from the list's resourceVersion, bookmarks, a new watch when the stream
 //! ends or breaks, a relist when the server answers `410 Gone`):
@@ -11,6 +11,14 @@
 //! | Service | `GET /api/v1/services` | labels [`SERVICE_LABEL_SELECTOR`] |
 //! | EndpointSlice | `GET /apis/discovery.k8s.io/v1/endpointslices` | labels [`SLICE_LABEL_SELECTOR`] |
 //! | Node | `GET /api/v1/nodes` | fields `metadata.name=<node>` |
+//! | ServiceCIDR | `GET /apis/networking.k8s.io/v1/servicecidrs` | none |
+//!
+//! ServiceCIDRs are watched in every mode, as upstream does since they went GA in 1.33 (the
+//! `MultiCIDRServiceAllocator` gate, on by default); only nftables mode uses them (the other
+//! modes' proxiers ignore them, as upstream's do). They hold no sync back (no
+//! [`SourceEvent::Synced`] is sent for them), and an API server that does not serve them, or
+//! a ClusterRole that does not grant them, is logged and retried without marking the source
+//! disconnected (see [`SourceHealth`]).
 //!
 //! # What is sent
 //!
@@ -79,6 +87,7 @@ use std::time::Duration;
 use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1 as networking;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kp_model::{Escaped, NamespacedName, ObjectKind, SourceEvent, validate_dns_subdomain};
 use kube::runtime::WatchStreamExt;
@@ -254,11 +263,20 @@ impl ApiSource {
         )
         .map(|e| Item::Node(Box::new(e)))
         .boxed();
-        let mut items = futures::stream::select_all([services, slices, nodes]);
+        let service_cidrs = watch_kind::<networking::ServiceCIDR>(
+            &self.client,
+            health.probe(ObjectKind::ServiceCidr),
+            watcher_config(options),
+            options,
+        )
+        .map(|e| Item::ServiceCidr(Box::new(e)))
+        .boxed();
+        let mut items = futures::stream::select_all([services, slices, nodes, service_cidrs]);
 
         let mut service_store = Store::new(ObjectKind::Service);
         let mut slice_store = Store::new(ObjectKind::EndpointSlice);
         let mut node_store = Store::new(ObjectKind::Node);
+        let mut service_cidr_store = Store::new(ObjectKind::ServiceCidr);
         let report = |e: &ApiObjectError| errors(e);
         let node_name = self.node_name.as_str();
         loop {
@@ -292,6 +310,13 @@ impl ApiSource {
                     &health.probe(ObjectKind::Node),
                     &report,
                     |node| classify_node(node, node_name),
+                ),
+                Item::ServiceCidr(event) => handle(
+                    &mut service_cidr_store,
+                    *event,
+                    &health.probe(ObjectKind::ServiceCidr),
+                    &report,
+                    classify_service_cidr,
                 ),
             };
             if events.is_empty() {
@@ -396,6 +421,7 @@ enum Item {
     Service(Box<Result<Event<core::Service>, watcher::Error>>),
     Slice(Box<Result<Event<discovery::EndpointSlice>, watcher::Error>>),
     Node(Box<Result<Event<core::Node>, watcher::Error>>),
+    ServiceCidr(Box<Result<Event<networking::ServiceCIDR>, watcher::Error>>),
 }
 
 fn watcher_config(options: &ApiOptions) -> watcher::Config {
@@ -521,6 +547,15 @@ fn classify_slice(
     let key = ObjectKey::EndpointSlice(namespaced(&slice.metadata));
     let mut warnings = Vec::new();
     let result = convert::endpoint_slice_with_warnings(slice, &mut warnings);
+    (key, outcome(result, warnings))
+}
+
+fn classify_service_cidr(
+    object: &networking::ServiceCIDR,
+) -> (ObjectKey, Outcome<kp_model::ServiceCidr>) {
+    let key = ObjectKey::ServiceCidr(object.metadata.name.clone().unwrap_or_default());
+    let mut warnings = Vec::new();
+    let result = convert::service_cidr_with_warnings(object, &mut warnings).map(Converted::Object);
     (key, outcome(result, warnings))
 }
 

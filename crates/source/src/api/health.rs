@@ -1,6 +1,12 @@
 //! [`SourceHealth`]: whether the API source is connected, from what each kind's requests and
 //! watch streams do.
 //!
+//! ServiceCIDRs are watched but not part of the summary: an API server older than 1.33 does
+//! not serve `networking.k8s.io/v1` ServiceCIDRs (and a ClusterRole from before then does not
+//! grant them), which only means that nftables mode does not drop traffic to unallocated
+//! ClusterIPs. Their failures are logged on their own (once when they start, once when they
+//! end), as upstream's informer logs its list errors without failing its health check.
+//!
 //! kube's watcher says when something failed but not when a retried watch has succeeded (a
 //! re-established watch emits nothing until an object changes), so each kind's client is
 //! wrapped ([`instrumented`]) to see every HTTP response: a `2xx` (or `410 Gone`, which is
@@ -50,7 +56,8 @@ enum KindHealth {
 }
 
 struct State {
-    kinds: [KindHealth; 3],
+    /// Services, EndpointSlices, Nodes (the summary), ServiceCIDRs (logged only).
+    kinds: [KindHealth; 4],
 }
 
 /// The shared health of the three kinds, published on a watch channel.
@@ -65,6 +72,7 @@ fn index(kind: ObjectKind) -> usize {
         ObjectKind::Service => 0,
         ObjectKind::EndpointSlice => 1,
         ObjectKind::Node => 2,
+        ObjectKind::ServiceCidr => 3,
     }
 }
 
@@ -73,6 +81,7 @@ impl Health {
         Health {
             state: Arc::new(Mutex::new(State {
                 kinds: [
+                    KindHealth::Unknown,
                     KindHealth::Unknown,
                     KindHealth::Unknown,
                     KindHealth::Unknown,
@@ -93,6 +102,10 @@ impl Health {
     fn set(&self, kind: ObjectKind, outcome: Result<(), String>) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = &mut state.kinds[index(kind)];
+        if kind == ObjectKind::ServiceCidr {
+            service_cidr_transition(slot, outcome);
+            return;
+        }
         match (outcome, &*slot) {
             (Ok(()), KindHealth::Ok) => return,
             (Ok(()), KindHealth::Failed { .. }) => {
@@ -114,7 +127,7 @@ impl Health {
                 };
             }
         }
-        let summary = summarize(&state.kinds);
+        let summary = summarize(&state.kinds[..3]);
         self.tx.send_if_modified(|current| {
             if *current == summary {
                 false
@@ -126,7 +139,34 @@ impl Health {
     }
 }
 
-fn summarize(kinds: &[KindHealth; 3]) -> SourceHealth {
+/// Records a ServiceCIDR request's outcome in `slot`, logging when failures start and end.
+fn service_cidr_transition(slot: &mut KindHealth, outcome: Result<(), String>) {
+    match (outcome, &*slot) {
+        (Ok(()), KindHealth::Failed { .. }) => {
+            info!("ServiceCIDRs (networking.k8s.io/v1) are readable again");
+            *slot = KindHealth::Ok;
+        }
+        (Ok(()), _) => *slot = KindHealth::Ok,
+        (Err(error), KindHealth::Failed { since, .. }) => {
+            *slot = KindHealth::Failed {
+                since: *since,
+                error,
+            };
+        }
+        (Err(error), _) => {
+            warn!(
+                %error,
+                "cannot list or watch ServiceCIDRs (networking.k8s.io/v1; served from Kubernetes 1.33, and the ClusterRole must grant list and watch on servicecidrs): retrying; until then nftables mode does not drop traffic to unallocated ClusterIPs, and nothing else is affected"
+            );
+            *slot = KindHealth::Failed {
+                since: Instant::now(),
+                error,
+            };
+        }
+    }
+}
+
+fn summarize(kinds: &[KindHealth]) -> SourceHealth {
     let failed = kinds
         .iter()
         .filter_map(|k| match k {
