@@ -263,4 +263,30 @@ mod tests {
         health.probe(ObjectKind::Node).success();
         assert!(rx.borrow().is_connected());
     }
+
+    /// ServiceCIDRs that cannot be read (an API server older than 1.33) leave the source
+    /// connected: they are not needed to proxy.
+    #[test]
+    fn service_cidr_failures_do_not_disconnect() {
+        let (tx, rx) = watch::channel(SourceHealth::Connecting);
+        let health = Health::new(tx);
+        health
+            .probe(ObjectKind::ServiceCidr)
+            .failure("ServiceCidr: HTTP 404 Not Found".into());
+        assert_eq!(*rx.borrow(), SourceHealth::Connecting);
+        for kind in [
+            ObjectKind::Service,
+            ObjectKind::EndpointSlice,
+            ObjectKind::Node,
+        ] {
+            health.probe(kind).success();
+        }
+        assert!(rx.borrow().is_connected());
+        health
+            .probe(ObjectKind::ServiceCidr)
+            .failure("still 404".into());
+        assert!(rx.borrow().is_connected());
+        health.probe(ObjectKind::ServiceCidr).success();
+        assert!(rx.borrow().is_connected());
+    }
 }
