@@ -1,0 +1,166 @@
+//! ServiceCIDRs end to end: the daemon in nftables mode, in the node namespace of the seed
+//! topology, fed by the test API server, which serves a `networking.k8s.io/v1` ServiceCIDR.
+//! With real traffic from the client namespace: a new connection to an unallocated ClusterIP
+//! of the Service CIDR is dropped (upstream's `cluster-ips-check`: the client times out), one
+//! to an unused port of an allocated ClusterIP is refused, and the Service answers. Deleting
+//! and re-creating the ServiceCIDR in the API server changes the rule with a partial sync.
+//!
+//! Every namespace is created by the test (root required; CI runs it as root).
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{Daemon, Mode, NODE_ARGS, answered, counts, seed_topology, tempdir};
+use kp_testkit::apiserver::{ApiKind, TestApiServer};
+use kp_testkit::golden::SEED_CLUSTER;
+use kp_testkit::{ClientError, Netns, http_get, http_get_many, require_root};
+
+/// Starts the test API server on a thread inside `ns` (so the proxy, also in `ns`, reaches
+/// it on 127.0.0.1); the returned sender stops it.
+fn api_server_in(ns: &Netns) -> (TestApiServer, tokio::sync::oneshot::Sender<()>) {
+    let (tx, rx) = mpsc::channel();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    ns.spawn_in(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let server = TestApiServer::start().await.unwrap();
+            tx.send(server).unwrap();
+            let _ = stop_rx.await;
+        });
+    })
+    .unwrap();
+    (rx.recv_timeout(Duration::from_secs(10)).unwrap(), stop_tx)
+}
+
+/// The cluster's ServiceCIDR, as the API server creates it from
+/// `--service-cluster-ip-range=10.96.0.0/12`.
+fn kubernetes_service_cidr() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "ServiceCIDR",
+        "metadata": {"name": "kubernetes"},
+        "spec": {"cidrs": ["10.96.0.0/12"]},
+        "status": {"conditions": [{
+            "type": "Ready", "status": "True", "reason": "", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }]},
+    })
+}
+
+const DROP_RULE: &str =
+    "ip daddr 10.96.0.0/12 drop comment \"Drop traffic to unallocated ClusterIPs\"";
+
+/// How a new connection from `ns` to `target` ends, and after how long.
+fn connect(ns: &Netns, target: &str) -> (Result<(), ClientError>, Duration) {
+    let start = Instant::now();
+    // Longer than the node's neighbour resolution (3 s): without the drop rule, the node
+    // routes the packet on and answers host-unreachable once ARP gives up.
+    let r = http_get(ns, target.parse().unwrap(), Duration::from_secs(5)).map(|_| ());
+    (r, start.elapsed())
+}
+
+/// Waits until the proxy's `ip kube-proxy` table holds (or no longer holds) the drop rule.
+fn wait_drop_rule(proxy: &mut Daemon, node: &Netns, present: bool) {
+    let what = if present {
+        "the drop rule for the Service CIDR never appeared"
+    } else {
+        "the drop rule for the Service CIDR never went away"
+    };
+    proxy.wait_until(what, || {
+        Mode::Nftables.ruleset(node).contains(DROP_RULE) == present
+    });
+}
+
+#[test]
+fn an_unallocated_cluster_ip_is_dropped_and_an_unused_port_refused() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let (topology, servers) = seed_topology();
+    let node = topology.node();
+    let client = topology.client();
+    let (api, _stop) = api_server_in(node);
+    for doc in SEED_CLUSTER.split("\n---\n") {
+        api.upsert_value(serde_saphyr::from_str::<serde_json::Value>(doc).unwrap())
+            .unwrap();
+    }
+    api.upsert_value(kubernetes_service_cidr()).unwrap();
+    let url = api.url();
+    let mut args = vec!["--master", url.as_str(), "--iptables-min-sync-period=100ms"];
+    args.extend(NODE_ARGS);
+    let mut proxy = Daemon::start(Mode::Nftables, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
+    wait_drop_rule(&mut proxy, node, true);
+
+    // The Service answers.
+    let vip: SocketAddr = "10.96.138.71:8080".parse().unwrap();
+    let c = counts(http_get_many(client, vip, 20, Duration::from_secs(2)));
+    assert_eq!(
+        answered(&c, "be0") + answered(&c, "be1"),
+        20,
+        "{c:?}\n{}",
+        proxy.log()
+    );
+    // An unused port of the allocated ClusterIP: refused at once (reject).
+    let (r, took) = connect(client, "10.96.138.71:9999");
+    assert!(
+        matches!(r, Err(ClientError::Refused)) && took < Duration::from_millis(500),
+        "unused port: {r:?} after {took:?}\n{}",
+        Mode::Nftables.ruleset(node)
+    );
+    // An address of the Service CIDR that no Service has: dropped, nothing answers.
+    let (r, took) = connect(client, "10.96.0.200:80");
+    assert!(
+        matches!(r, Err(ClientError::Timeout)),
+        "unallocated ClusterIP: {r:?} after {took:?}\n{}",
+        Mode::Nftables.ruleset(node)
+    );
+
+    // The ServiceCIDR is deleted: a partial sync removes the rule, and the packet is routed
+    // on as before ServiceCIDRs existed (the node answers host-unreachable once ARP fails).
+    api.delete(ApiKind::ServiceCidr, "", "kubernetes").unwrap();
+    wait_drop_rule(&mut proxy, node, false);
+    let (r, took) = connect(client, "10.96.0.200:80");
+    assert!(
+        matches!(r, Err(ClientError::Unreachable)),
+        "without a ServiceCIDR: {r:?} after {took:?}"
+    );
+    let (r, _) = connect(client, "10.96.138.71:9999");
+    assert!(matches!(r, Err(ClientError::Refused)), "{r:?}");
+
+    // It comes back: dropped again, also applied without a full sync.
+    api.upsert_value(kubernetes_service_cidr()).unwrap();
+    wait_drop_rule(&mut proxy, node, true);
+    let (r, took) = connect(client, "10.96.0.200:80");
+    assert!(
+        matches!(r, Err(ClientError::Timeout)),
+        "ServiceCIDR back: {r:?} after {took:?}"
+    );
+    // Each change after the first sync was applied by the next sync, a partial one.
+    let log = proxy.log();
+    let ipv4 = |l: &&str| l.contains("family=IPv4");
+    let mut synced_once = false;
+    let mut partial_after_change = 0;
+    let mut lines = log.lines().filter(ipv4);
+    while let Some(line) = lines.next() {
+        if line.contains("synced nftables rules") {
+            synced_once = true;
+        } else if synced_once && line.contains("the Service CIDRs changed") {
+            let next = lines
+                .find(|l| l.contains("synced nftables rules"))
+                .unwrap_or_else(|| panic!("no sync after {line}\n{log}"));
+            assert!(next.contains("full=false"), "{next}\n{log}");
+            partial_after_change += 1;
+        }
+    }
+    assert_eq!(partial_after_change, 2, "{log}");
+    assert!(proxy.is_running());
+    drop(servers);
+}
