@@ -77,6 +77,40 @@ fn wait_drop_rule(proxy: &mut Daemon, node: &Netns, present: bool) {
     });
 }
 
+/// Every list and watch the daemon sent is granted by `deploy/rbac.yaml`'s ClusterRole, the
+/// ServiceCIDR watch included.
+fn every_request_is_allowed_by_the_shipped_cluster_role(api: &TestApiServer) {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/rbac.yaml"))
+        .unwrap();
+    let role = text
+        .split("\n---\n")
+        .map(|d| serde_saphyr::from_str::<serde_json::Value>(d).unwrap())
+        .find(|d| d["kind"] == "ClusterRole")
+        .expect("a ClusterRole in deploy/rbac.yaml");
+    let rules = role["rules"].as_array().unwrap();
+    let has = |list: &serde_json::Value, want: &str| {
+        list.as_array()
+            .is_some_and(|l| l.iter().any(|x| x.as_str() == Some(want)))
+    };
+    let mut kinds = std::collections::BTreeSet::new();
+    for r in api.requests() {
+        let Some(kind) = r.kind else { continue };
+        let group = kind.api_version().rsplit_once('/').map_or("", |(g, _)| g);
+        let path = r.uri.split('?').next().unwrap_or_default();
+        let resource = path.rsplit('/').next().unwrap_or_default();
+        let verb = if r.watch { "watch" } else { "list" };
+        assert!(
+            rules.iter().any(|rule| has(&rule["apiGroups"], group)
+                && has(&rule["resources"], resource)
+                && has(&rule["verbs"], verb)),
+            "deploy/rbac.yaml does not allow {verb} {group}/{resource} ({})",
+            r.uri
+        );
+        kinds.insert(kind);
+    }
+    assert!(kinds.contains(&ApiKind::ServiceCidr), "{kinds:?}");
+}
+
 #[test]
 fn an_unallocated_cluster_ip_is_dropped_and_an_unused_port_refused() {
     if !require_root() {
@@ -161,6 +195,7 @@ fn an_unallocated_cluster_ip_is_dropped_and_an_unused_port_refused() {
         }
     }
     assert_eq!(partial_after_change, 2, "{log}");
+    every_request_is_allowed_by_the_shipped_cluster_role(&api);
     assert!(proxy.is_running());
     drop(servers);
 }
