@@ -199,3 +199,41 @@ fn an_unallocated_cluster_ip_is_dropped_and_an_unused_port_refused() {
     assert!(proxy.is_running());
     drop(servers);
 }
+
+/// `--manifests` reads `kind: ServiceCIDR`: `--dry-run` prints the drop rule of each family
+/// with that family's CIDR; an object the API server would refuse is an error naming it and
+/// its field, and the rest is still printed.
+#[test]
+fn dry_run_from_manifests_shows_the_drop_rule_of_each_family() {
+    let dir = tempdir();
+    let path = common::write(
+        dir.path(),
+        "cluster.yaml",
+        &format!(
+            "{SEED_CLUSTER}\n---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\n\
+             metadata:\n  name: kubernetes\nspec:\n  cidrs: [10.96.0.0/12, 'fd00:96::/112']\n\
+             ---\napiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata:\n  name: bad\n\
+             spec:\n  cidrs: [10.1.0.0/16, 10.2.0.0/16]\n"
+        ),
+    );
+    let (ok, out, err) = common::run(&[
+        "--proxy-mode=nftables",
+        "--dry-run",
+        "--hostname-override=k8s-master",
+        "--manifests",
+        path.to_str().unwrap(),
+    ]);
+    assert!(!ok, "a rejected object makes --dry-run fail: {err}");
+    assert!(
+        err.contains(
+            "ServiceCIDR bad: spec.cidrs: 10.1.0.0/16 and 10.2.0.0/16 are of the same IP family"
+        ),
+        "{err}"
+    );
+    for rule in [
+        "\t\tip daddr { 10.96.0.0/12 } drop comment \"Drop traffic to unallocated ClusterIPs\"\n",
+        "\t\tip6 daddr { fd00:96::/112 } drop comment \"Drop traffic to unallocated ClusterIPs\"\n",
+    ] {
+        assert!(out.contains(rule), "missing {rule:?} in\n{out}");
+    }
+}
