@@ -73,7 +73,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::backoff::ExponentialBackoff;
-use super::health::Probe;
+use super::health::{Probe, is_optional};
 
 /// What the reflector tells the store.
 #[derive(Debug)]
@@ -344,6 +344,7 @@ fn plural(kind: ObjectKind) -> &'static str {
         ObjectKind::Service => "Services",
         ObjectKind::EndpointSlice => "EndpointSlices",
         ObjectKind::Node => "Nodes",
+        ObjectKind::ServiceCidr => "ServiceCIDRs",
     }
 }
 
@@ -690,7 +691,12 @@ impl<L: ListerWatcher> Reflector<L> {
         self.probe
             .failure(format!("{:?} {operation}: {error}", self.kind()));
         let line = retry_line(&self.settings.server, operation, self.kind(), error, delay);
-        warn!(kind = ?self.kind(), retry_in = %format_delay(delay), "{line}");
+        if is_optional(self.kind()) {
+            // Logged by the health when the failures start and when they end.
+            debug!(kind = ?self.kind(), retry_in = %format_delay(delay), "{line}");
+        } else {
+            warn!(kind = ?self.kind(), retry_in = %format_delay(delay), "{line}");
+        }
         tokio::time::sleep(delay).await;
     }
 }
