@@ -233,9 +233,9 @@ impl ApiSource {
     }
 
     /// Names the API server in the log lines of failed requests (the client's URL, e.g.
-    /// `https://10.0.0.1:6443`, as [`connect`] gives it): `cannot reach the API
-    /// server https://10.0.0.1:6443: watching Services: ...; retrying in 4s`. Without it the
-    /// lines say `cannot reach the API server: ...`.
+    /// `https://10.0.0.1:6443/`, as [`connect`] gives it; a trailing `/` is not printed):
+    /// `cannot reach the API server https://10.0.0.1:6443: watching Services: ...; retrying
+    /// in 4s`. Without it the lines say `cannot reach the API server: ...`.
     #[must_use]
     pub fn with_server(mut self, server: impl Into<String>) -> Self {
         self.server = server.into();
@@ -471,14 +471,12 @@ pub async fn connect(
     })
 }
 
-/// The URL of `config`'s API server (`https://10.0.0.1:6443`, without a trailing `/`), as
-/// every message that names the server gives it.
+/// The URL of `config`'s API server as the client uses it (`https://10.0.0.1:6443/`), as
+/// the start-up line (`API server https://10.0.0.1:6443/ (from --kubeconfig ...)`) and the
+/// one-shot runs' give-up line name it; the retry lines of [`ApiSource::with_server`] drop
+/// the trailing `/` (`cannot reach the API server https://10.0.0.1:6443: watching ...`).
 pub fn server_url(config: &kube::Config) -> String {
-    config
-        .cluster_url
-        .to_string()
-        .trim_end_matches('/')
-        .to_string()
+    config.cluster_url.to_string()
 }
 
 /// The kube configuration [`connect`] builds its client from, and where its server came

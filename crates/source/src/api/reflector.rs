@@ -349,7 +349,8 @@ fn plural(kind: ObjectKind) -> &'static str {
 }
 
 /// The log line of a failed request: `cannot reach the API server URL: OPERATION KINDS:
-/// ERROR; retrying in DELAY` (escaped: the error can quote the server).
+/// ERROR; retrying in DELAY` (escaped: the error can quote the server; a trailing `/` of the
+/// URL is dropped before the `:`).
 pub(crate) fn retry_line(
     server: &str,
     operation: &str,
@@ -360,7 +361,7 @@ pub(crate) fn retry_line(
     let server = if server.is_empty() {
         String::new()
     } else {
-        format!(" {}", kp_model::escape(server))
+        format!(" {}", kp_model::escape(server.trim_end_matches('/')))
     };
     format!(
         "cannot reach the API server{server}: {operation} {}: {}; retrying in {}",
@@ -1155,7 +1156,7 @@ mod tests {
         assert_eq!(format_delay(Duration::from_secs(30)), "30s");
         assert_eq!(
             retry_line(
-                "https://10.0.0.1:6443",
+                "https://10.0.0.1:6443/",
                 "watching",
                 ObjectKind::Service,
                 &describe(&unavailable()),
