@@ -427,7 +427,7 @@ fn a_restart_makes_no_quorum_list() {
         proxy
             .wait_for(
                 || {
-                    lists(&api).len() == 3 * start
+                    lists(&api).len() == ApiKind::ALL.len() * start
                         && ApiKind::ALL.iter().all(|k| api.open_watches(*k) >= 1)
                         && nat(&ns).contains("-A KUBE-SEP-H5CTQI4CMO4ES5BQ")
                 },
@@ -633,4 +633,95 @@ fn retries_name_the_server_and_a_cut_watch_after_an_outage_resumes_at_once() {
             Duration::from_secs(3),
         )
         .unwrap_or_else(|e| panic!("not watched again at once: {e}\n{}", read_log()));
+}
+
+/// An API server that does not serve ServiceCIDRs (older than 1.33, or a ClusterRole without
+/// them; here `404`): the daemon programs the rules and counts as connected (/healthz 200,
+/// `kube_proxy_rs_api_server_connected 1`, no disconnect). The failing ServiceCIDR list is
+/// retried with the backoff but logged once, not at every retry, and its end once.
+#[test]
+fn an_api_server_without_service_cidrs_is_logged_once_and_stays_connected() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("apinocidr").unwrap();
+    let (api, _stop) = api_server_in(&ns);
+    api.set_served(ApiKind::ServiceCidr, false);
+    for object in seed_objects() {
+        api.upsert_value(object).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let log_path = dir.path().join("proxy.log");
+    let mut proxy = start_proxy(&ns, &api, &log_path);
+    let read_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let get = |port: u16, path: &str| -> String {
+        ns.run(
+            "curl",
+            [
+                "-s",
+                "-i",
+                "--max-time",
+                "5",
+                &format!("http://127.0.0.1:{port}{path}"),
+            ],
+        )
+        .unwrap_or_default()
+    };
+    let cidr_lists = |api: &TestApiServer| {
+        api.requests()
+            .iter()
+            .filter(|r| r.kind == Some(ApiKind::ServiceCidr) && !r.watch)
+            .count()
+    };
+    // Three ServiceCIDR lists answered 404 (800 ms doubling: within about 4 s).
+    proxy
+        .wait_for(
+            || {
+                nat(&ns).contains("-A KUBE-SEP-H5CTQI4CMO4ES5BQ")
+                    && cidr_lists(&api) >= 3
+                    && get(10249, "/metrics")
+                        .lines()
+                        .any(|l| l == "kube_proxy_rs_api_server_connected 1")
+            },
+            Duration::from_secs(30),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+    let metrics = get(10249, "/metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "kube_proxy_rs_api_server_disconnects_total 0"),
+        "{metrics}"
+    );
+    let healthz = get(10256, "/healthz");
+    assert!(healthz.contains(" 200 "), "{healthz}");
+    let log = read_log();
+    let starts = "cannot list or watch ServiceCIDRs (networking.k8s.io/v1";
+    assert_eq!(log.matches(starts).count(), 1, "{log}");
+    assert!(log.contains("HTTP 404 NotFound"), "{log}");
+    assert!(
+        !log.contains("cannot reach the API server") && !log.contains("API server unreachable"),
+        "a missing ServiceCIDR API is not an unreachable API server:\n{log}"
+    );
+
+    // Served again: the watch opens, and that is logged once.
+    api.set_served(ApiKind::ServiceCidr, true);
+    let again = "ServiceCIDRs (networking.k8s.io/v1) are readable again";
+    proxy
+        .wait_for(
+            || api.open_watches(ApiKind::ServiceCidr) >= 1 && read_log().contains(again),
+            Duration::from_secs(40),
+        )
+        .unwrap_or_else(|e| panic!("{e}\n{}", read_log()));
+    std::thread::sleep(Duration::from_secs(1));
+    let log = read_log();
+    assert_eq!(log.matches(again).count(), 1, "{log}");
+    assert_eq!(log.matches(starts).count(), 1, "{log}");
+    assert!(
+        get(10249, "/metrics")
+            .lines()
+            .any(|l| l == "kube_proxy_rs_api_server_disconnects_total 0"),
+        "{}",
+        get(10249, "/metrics")
+    );
 }

@@ -14,9 +14,8 @@ use kp_netfilter::{FakeIptables, IpVersion, Iptables, parse_save};
 use kp_proxier::iptables::tree::Dispatch;
 use kp_proxier::iptables::{IptablesConfig, IptablesProxier};
 use kp_proxier::{FakeHost, Host, LocalDetector, NodePortAddresses, Proxier};
-use kp_testkit::builders::snapshot_with_node;
 use kp_testkit::conformance::{
-    CLUSTER_CIDRS, DetectLocal, Expect, From, NODE, POD_BRIDGE, POD_PREFIX, Proto, Row, Scenario,
+    CLUSTER_CIDRS, DetectLocal, Expect, From, POD_BRIDGE, POD_PREFIX, Proto, Row, Scenario,
     Settings, scenarios,
 };
 use kp_trace::{Entry, Packet, Trace, Verdict, trace};
@@ -57,13 +56,7 @@ fn rules_with(
     family: IpFamily,
     dispatch: Dispatch,
 ) -> (kp_netfilter::Ruleset, bool) {
-    let snap = snapshot_with_node(
-        family,
-        NODE,
-        Some(scn.node.clone()),
-        scn.services.clone(),
-        scn.slices.clone(),
-    );
+    let snap = scn.snapshot(family);
     let version = match family {
         IpFamily::V4 => IpVersion::V4,
         IpFamily::V6 => IpVersion::V6,
@@ -330,13 +323,7 @@ fn conformance_table_nftables_mode() {
     }
     run_table("nftables", |scn, family| {
         let ns = kp_testkit::Netns::new("conform").unwrap();
-        let snap = snapshot_with_node(
-            family,
-            NODE,
-            Some(scn.node.clone()),
-            scn.services.clone(),
-            scn.slices.clone(),
-        );
+        let snap = scn.snapshot(family);
         let exec = Arc::new(kp_netfilter::SystemExec::with_prefix(vec![
             "ip".into(),
             "netns".into(),
@@ -407,13 +394,7 @@ fn ipvs_rules(scn: &Scenario, family: IpFamily) -> Rules {
     use kp_netlink::ipvs::{RealServer, ServiceKey, VirtualServer, parse_save_text, save_text};
     use kp_proxier::ipvs::names::{FILTER_CHAINS, KubeSet, NAT_CHAINS, SetType};
     use kp_proxier::ipvs::render::{RenderConfig, proto_number, render};
-    let snap = snapshot_with_node(
-        family,
-        NODE,
-        Some(scn.node.clone()),
-        scn.services.clone(),
-        scn.slices.clone(),
-    );
+    let snap = scn.snapshot(family);
     let s = &scn.settings;
     let in_family: Vec<std::net::IpAddr> = scn
         .local_addrs
@@ -517,13 +498,7 @@ fn conformance_table_ipvs_mode() {
 /// read back as `/userspace` serves it.
 fn userspace_rules(scn: &Scenario, family: IpFamily) -> Rules {
     use kp_proxier::userspace::{FakeRelay, UserspaceConfig, UserspaceProxier};
-    let snap = snapshot_with_node(
-        family,
-        NODE,
-        Some(scn.node.clone()),
-        scn.services.clone(),
-        scn.slices.clone(),
-    );
+    let snap = scn.snapshot(family);
     let version = match family {
         IpFamily::V4 => IpVersion::V4,
         IpFamily::V6 => IpVersion::V6,

@@ -69,6 +69,8 @@ fn rbac_matches_upstream_node_proxier_permissions() {
         ("", "nodes", "watch"),
         ("discovery.k8s.io", "endpointslices", "list"),
         ("discovery.k8s.io", "endpointslices", "watch"),
+        ("networking.k8s.io", "servicecidrs", "list"),
+        ("networking.k8s.io", "servicecidrs", "watch"),
         ("events.k8s.io", "events", "create"),
     ] {
         assert!(allows(g, r, v), "{v} {g}/{r} missing");

@@ -1,9 +1,11 @@
 //! [`SourceEvent`]: what a source (API watch or manifest directory) tells the tracker.
 
-use crate::{EndpointSlice, NamespacedName, Node, Service};
+use crate::{EndpointSlice, NamespacedName, Node, Service, ServiceCidr};
 
-/// The kinds of object a source delivers; each must report its initial list
-/// ([`SourceEvent::Synced`]) before the first sync.
+/// The kinds of object a source delivers. Services and EndpointSlices must report their
+/// initial list ([`SourceEvent::Synced`]) before the first sync; Nodes report it too, and
+/// ServiceCIDRs never hold the first sync back (as upstream, whose proxier does not wait for
+/// its ServiceCIDR informer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ObjectKind {
     /// `v1.Service`.
@@ -12,6 +14,8 @@ pub enum ObjectKind {
     EndpointSlice,
     /// `v1.Node` (only this node's own object is of interest).
     Node,
+    /// `networking.k8s.io/v1.ServiceCIDR`.
+    ServiceCidr,
 }
 
 /// A change seen by a source. Upserts carry the whole new object; the tracker compares it with
@@ -30,6 +34,10 @@ pub enum SourceEvent {
     NodeUpsert(Node),
     /// A Node was deleted; its name.
     NodeDelete(String),
+    /// A ServiceCIDR was added or changed.
+    ServiceCidrUpsert(ServiceCidr),
+    /// A ServiceCIDR was deleted (or became invalid); its name.
+    ServiceCidrDelete(String),
     /// The source has delivered its complete initial list of this kind.
     Synced(ObjectKind),
 }

@@ -2,8 +2,9 @@
 //!
 //! Every layer after the source (tracking, rendering, reconciliation, tracing) works on
 //! these types and never on Kubernetes API types. The source layer (`kp-source`) turns
-//! `v1.Service`, `discovery.k8s.io/v1.EndpointSlice` and `v1.Node` objects into the
-//! *object* types here ([`Service`], [`EndpointSlice`], [`Node`]) after validating them,
+//! `v1.Service`, `discovery.k8s.io/v1.EndpointSlice`, `v1.Node` and
+//! `networking.k8s.io/v1.ServiceCIDR` objects into the *object* types here ([`Service`],
+//! [`EndpointSlice`], [`Node`], [`ServiceCidr`]) after validating them,
 //! so every string that reaches a rule generator is already known to be safe to embed in
 //! `iptables-restore` or `nft -f` input (DNS labels, IANA service names).
 //!
@@ -28,8 +29,8 @@ pub use names::{
 };
 pub use object::{
     EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, EndpointTopology,
-    LoadBalancerIngress, LoadBalancerIpMode, Node, Service, ServicePortSpec, ServiceType,
-    SessionAffinity, SliceAddressType, TrafficDistribution, TrafficPolicy,
+    LoadBalancerIngress, LoadBalancerIpMode, Node, Service, ServiceCidr, ServicePortSpec,
+    ServiceType, SessionAffinity, SliceAddressType, TrafficDistribution, TrafficPolicy,
 };
 pub use shared::{HintSet, Interner, SharedStr};
 pub use snapshot::{Changes, Endpoint, ServicePortInfo, Snapshot};

@@ -1,4 +1,5 @@
-//! Validated objects as the source delivers them: [`Service`], [`EndpointSlice`], [`Node`].
+//! Validated objects as the source delivers them: [`Service`], [`EndpointSlice`], [`Node`],
+//! [`ServiceCidr`].
 //!
 //! These carry only the fields a service proxy reads (upstream kube-proxy's informers see the
 //! same subset). Every value has been validated by the source: addresses parsed, ports in
@@ -300,4 +301,18 @@ pub struct Node {
     pub deleting: bool,
     /// The node carries the `ToBeDeletedByClusterAutoscaler` taint.
     pub to_be_deleted_taint: bool,
+}
+
+/// A validated `networking.k8s.io/v1` ServiceCIDR: a range ClusterIPs are allocated from.
+///
+/// Upstream kube-proxy reads only `spec.cidrs` (its `ServiceCIDRConfig` hands the union of
+/// every object's CIDRs to the proxier); neither `status.conditions` (`Ready`) nor
+/// `metadata.deletionTimestamp` matters: a ServiceCIDR being deleted still holds allocated
+/// ClusterIPs until it is gone, so its range stays covered.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
+pub struct ServiceCidr {
+    /// `metadata.name` (ServiceCIDRs are cluster-scoped).
+    pub name: String,
+    /// `spec.cidrs`: at most two, one per IP family, host bits cleared.
+    pub cidrs: Vec<IpNet>,
 }

@@ -136,6 +136,10 @@ pub struct Snapshot {
     /// Endpoints per ServicePortName, sorted by their `ip:port` text like upstream; only
     /// ServicePortNames with at least one endpoint appear.
     pub endpoints: BTreeMap<ServicePortName, Arc<[Endpoint]>>,
+    /// The Service CIDRs of this family (`spec.cidrs` of every ServiceCIDR object: upstream's
+    /// `OnServiceCIDRsChanged` list), sorted, each once, and without a CIDR that another one
+    /// contains. nftables mode drops traffic to their addresses that are no ClusterIP.
+    pub service_cidrs: Vec<IpNet>,
 }
 
 impl Snapshot {
@@ -149,6 +153,7 @@ impl Snapshot {
             node_pod_cidrs: Vec::new(),
             services: BTreeMap::new(),
             endpoints: BTreeMap::new(),
+            service_cidrs: Vec::new(),
         }
     }
 

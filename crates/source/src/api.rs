@@ -1,5 +1,5 @@
-//! The API-server source: Services, EndpointSlices and this node's Node, watched like
-//! upstream kube-proxy's informers.
+//! The API-server source: Services, EndpointSlices, this node's Node and ServiceCIDRs, watched
+//! like upstream kube-proxy's informers.
 //!
 //! [`ApiSource::run`] (or [`watch_api`]) runs one list/watch loop per kind
 //! (`api/reflector.rs`, with client-go's reflector semantics: the first list from the API
@@ -13,6 +13,15 @@
 //! | Service | `GET /api/v1/services` | labels [`SERVICE_LABEL_SELECTOR`] |
 //! | EndpointSlice | `GET /apis/discovery.k8s.io/v1/endpointslices` | labels [`SLICE_LABEL_SELECTOR`] |
 //! | Node | `GET /api/v1/nodes` | fields `metadata.name=<node>` |
+//! | ServiceCIDR | `GET /apis/networking.k8s.io/v1/servicecidrs` | none |
+//!
+//! ServiceCIDRs are watched in every mode, as upstream does since they went GA in 1.33 (the
+//! `MultiCIDRServiceAllocator` gate, on by default); only nftables mode uses them (the other
+//! modes' proxiers ignore them, as upstream's do). They hold no sync back (no
+//! [`SourceEvent::Synced`] is sent for them), and an API server that does not serve them, or
+//! a ClusterRole that does not grant them, is logged once when that starts and once when it
+//! ends (not at every retry) and retried with the backoff, without marking the source
+//! disconnected (see [`SourceHealth`]).
 //!
 //! # What is sent
 //!
@@ -88,6 +97,7 @@ use std::sync::Arc;
 use futures::stream::{BoxStream, StreamExt};
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1 as networking;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kp_model::{Escaped, NamespacedName, ObjectKind, SourceEvent, validate_dns_subdomain};
 use kube::Client;
@@ -223,9 +233,9 @@ impl ApiSource {
     }
 
     /// Names the API server in the log lines of failed requests (the client's URL, e.g.
-    /// `https://10.0.0.1:6443`, as [`connect`] gives it): `cannot reach the API
-    /// server https://10.0.0.1:6443: watching Services: ...; retrying in 4s`. Without it the
-    /// lines say `cannot reach the API server: ...`.
+    /// `https://10.0.0.1:6443/`, as [`connect`] gives it; a trailing `/` is not printed):
+    /// `cannot reach the API server https://10.0.0.1:6443: watching Services: ...; retrying
+    /// in 4s`. Without it the lines say `cannot reach the API server: ...`.
     #[must_use]
     pub fn with_server(mut self, server: impl Into<String>) -> Self {
         self.server = server.into();
@@ -285,11 +295,21 @@ impl ApiSource {
         )
         .map(|e| Item::Node(Box::new(e)))
         .boxed();
-        let mut items = futures::stream::select_all([services, slices, nodes]);
+        let service_cidrs = reflect::<networking::ServiceCIDR>(
+            &self.client,
+            health.probe(ObjectKind::ServiceCidr),
+            settings(ObjectKind::ServiceCidr),
+            None,
+            None,
+        )
+        .map(|e| Item::ServiceCidr(Box::new(e)))
+        .boxed();
+        let mut items = futures::stream::select_all([services, slices, nodes, service_cidrs]);
 
         let mut service_store = Store::new(ObjectKind::Service);
         let mut slice_store = Store::new(ObjectKind::EndpointSlice);
         let mut node_store = Store::new(ObjectKind::Node);
+        let mut service_cidr_store = Store::new(ObjectKind::ServiceCidr);
         let report = |e: &ApiObjectError| errors(e);
         let node_name = self.node_name.as_str();
         loop {
@@ -309,6 +329,12 @@ impl ApiSource {
                 Item::Node(event) => handle(&mut node_store, *event, &report, |node| {
                     classify_node(node, node_name)
                 }),
+                Item::ServiceCidr(event) => handle(
+                    &mut service_cidr_store,
+                    *event,
+                    &report,
+                    classify_service_cidr,
+                ),
             };
             if events.is_empty() {
                 continue;
@@ -445,14 +471,12 @@ pub async fn connect(
     })
 }
 
-/// The URL of `config`'s API server (`https://10.0.0.1:6443`, without a trailing `/`), as
-/// every message that names the server gives it.
+/// The URL of `config`'s API server as the client uses it (`https://10.0.0.1:6443/`), as
+/// the start-up line (`API server https://10.0.0.1:6443/ (from --kubeconfig ...)`) and the
+/// one-shot runs' give-up line name it; the retry lines of [`ApiSource::with_server`] drop
+/// the trailing `/` (`cannot reach the API server https://10.0.0.1:6443: watching ...`).
 pub fn server_url(config: &kube::Config) -> String {
-    config
-        .cluster_url
-        .to_string()
-        .trim_end_matches('/')
-        .to_string()
+    config.cluster_url.to_string()
 }
 
 /// The kube configuration [`connect`] builds its client from, and where its server came
@@ -548,6 +572,7 @@ enum Item {
     Service(Box<Event<core::Service>>),
     Slice(Box<Event<discovery::EndpointSlice>>),
     Node(Box<Event<core::Node>>),
+    ServiceCidr(Box<Event<networking::ServiceCIDR>>),
 }
 
 /// The reflector settings of one kind.
@@ -657,6 +682,15 @@ fn classify_slice(
     let key = ObjectKey::EndpointSlice(namespaced(&slice.metadata));
     let mut warnings = Vec::new();
     let result = convert::endpoint_slice_with_warnings(slice, &mut warnings);
+    (key, outcome(result, warnings))
+}
+
+fn classify_service_cidr(
+    object: &networking::ServiceCIDR,
+) -> (ObjectKey, Outcome<kp_model::ServiceCidr>) {
+    let key = ObjectKey::ServiceCidr(object.metadata.name.clone().unwrap_or_default());
+    let mut warnings = Vec::new();
+    let result = convert::service_cidr_with_warnings(object, &mut warnings).map(Converted::Object);
     (key, outcome(result, warnings))
 }
 

@@ -1,6 +1,6 @@
 //! Conversion of k8s-openapi objects into validated kp-model objects.
 //!
-//! [`service`], [`endpoint_slice`] and [`node`] take the Kubernetes API types (as deserialized
+//! [`service`], [`endpoint_slice`], [`node`] and [`service_cidr`] take the Kubernetes API types (as deserialized
 //! from a manifest or, later, from an API-server watch) and return the [`kp_model`] object, or a
 //! [`SourceError::Invalid`] naming the first field that is wrong, with a field path in the API's
 //! JSON spelling (`spec.ports[1].port`). An object with a problem is rejected whole: a proxy
@@ -37,13 +37,14 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1 as core;
 use k8s_openapi::api::discovery::v1 as discovery;
+use k8s_openapi::api::networking::v1 as networking;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kp_model::{
     EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, EndpointTopology, HintSet,
     Interner, LoadBalancerIngress, LoadBalancerIpMode, NameError, NamespacedName, Node, Protocol,
-    Service, ServicePortSpec, ServiceType, SessionAffinity, SliceAddressType, TrafficDistribution,
-    TrafficPolicy, validate_dns_label, validate_dns_subdomain, validate_port_name,
-    validate_service_name,
+    Service, ServiceCidr, ServicePortSpec, ServiceType, SessionAffinity, SliceAddressType,
+    TrafficDistribution, TrafficPolicy, validate_dns_label, validate_dns_subdomain,
+    validate_port_name, validate_service_name,
 };
 
 use crate::SourceError;
@@ -842,5 +843,70 @@ pub fn node_with_warnings(node: &core::Node, warnings: &mut Vec<ConvertWarning>)
         addresses,
         deleting: meta.deletion_timestamp.is_some(),
         to_be_deleted_taint,
+    })
+}
+
+/// The most CIDRs a ServiceCIDR may list: one per IP family (the API server's limit).
+pub const MAX_SERVICE_CIDRS: usize = 2;
+
+/// Converts a `networking.k8s.io/v1` ServiceCIDR; warnings are dropped (see
+/// [`service_cidr_with_warnings`]).
+///
+/// # Errors
+/// As [`service_cidr_with_warnings`].
+pub fn service_cidr(object: &networking::ServiceCIDR) -> Result<ServiceCidr> {
+    service_cidr_with_warnings(object, &mut Vec::new())
+}
+
+/// Converts a `networking.k8s.io/v1` ServiceCIDR, adding to `warnings` the CIDRs read with
+/// leading zeros. Only `spec.cidrs` is read, as upstream kube-proxy reads it: the `Ready`
+/// condition and `metadata.deletionTimestamp` do not matter (a ServiceCIDR being deleted
+/// still holds allocated ClusterIPs). Host bits are cleared (`10.96.0.1/12` is
+/// `10.96.0.0/12`); the API server stores only the canonical form. An empty or missing
+/// `spec.cidrs` gives an object with no CIDR.
+///
+/// # Errors
+/// [`SourceError::Invalid`] for an invalid name (DNS-1123 subdomain), a CIDR that does not
+/// parse (`spec.cidrs[1]`), more than [`MAX_SERVICE_CIDRS`] CIDRs or two of one IP family
+/// (`spec.cidrs`), as the API server validates them.
+pub fn service_cidr_with_warnings(
+    object: &networking::ServiceCIDR,
+    warnings: &mut Vec<ConvertWarning>,
+) -> Result<ServiceCidr> {
+    let name = object.metadata.name.as_deref().unwrap_or("");
+    validate_dns_subdomain(name).map_err(|e| name_error("metadata.name", e))?;
+    let texts = object
+        .spec
+        .as_ref()
+        .and_then(|s| s.cidrs.as_deref())
+        .unwrap_or(&[]);
+    if texts.len() > MAX_SERVICE_CIDRS {
+        return invalid(
+            "spec.cidrs",
+            format!(
+                "{} CIDRs listed; at most {MAX_SERVICE_CIDRS} are allowed (one per IP family)",
+                texts.len()
+            ),
+        );
+    }
+    let mut cidrs: Vec<IpNet> = Vec::with_capacity(texts.len());
+    for (i, text) in texts.iter().enumerate() {
+        let net = parse_cidr(warnings, &format!("spec.cidrs[{i}]"), text, false)?;
+        if let Some(other) = cidrs
+            .iter()
+            .find(|c| c.addr().is_ipv4() == net.addr().is_ipv4())
+        {
+            return invalid(
+                "spec.cidrs",
+                format!(
+                    "{other} and {net} are of the same IP family; at most one CIDR per family is allowed"
+                ),
+            );
+        }
+        cidrs.push(net);
+    }
+    Ok(ServiceCidr {
+        name: name.to_string(),
+        cidrs,
     })
 }

@@ -12,7 +12,7 @@
 //! - **A file that is not understood whole keeps everything it defined.** When a file cannot be
 //!   read (permissions, a dangling link), or any of its documents cannot be parsed as YAML or
 //!   holds bytes that are not UTF-8, or an object in it cannot be identified (not a mapping, no `kind`, no
-//!   `apiVersion`, a Service, EndpointSlice or Node without a usable `metadata.name`), every
+//!   `apiVersion`, a Service, EndpointSlice, Node or ServiceCIDR without a usable `metadata.name`), every
 //!   object the file defined at its last good load stays (the watcher remembers which file
 //!   defined which object). The objects of its documents that still load are updated or
 //!   added as usual. The error (reported once) ends with
@@ -123,8 +123,8 @@ impl std::fmt::Display for EmptiedNotice {
 impl LastGood {
     /// The state after a first load, which has nothing to keep: the objects that loaded, the
     /// errors unchanged, and the events a source sends first (an upsert of every object,
-    /// Services, then EndpointSlices, then Nodes, each by key; then [`SourceEvent::Synced`]
-    /// for each kind).
+    /// Services, then EndpointSlices, then Nodes, then ServiceCIDRs, each by key; then
+    /// [`SourceEvent::Synced`] for each kind but ServiceCIDRs, which hold no sync back).
     pub fn first(loaded: Loaded) -> (LastGood, Vec<ManifestError>, Vec<SourceEvent>) {
         let files = loaded
             .files
@@ -317,6 +317,7 @@ impl LastGood {
             services,
             slices,
             nodes,
+            service_cidrs,
         } = set;
         let mut kind = |objects: Vec<(ObjectKey, Digest, SourceEvent)>, of: ObjectKind| {
             for (key, digest, upsert) in objects {
@@ -342,6 +343,14 @@ impl LastGood {
         kind(
             digested(nodes, ObjectKey::Node, SourceEvent::NodeUpsert),
             ObjectKind::Node,
+        );
+        kind(
+            digested(
+                service_cidrs,
+                ObjectKey::ServiceCidr,
+                SourceEvent::ServiceCidrUpsert,
+            ),
+            ObjectKind::ServiceCidr,
         );
         (applied, events)
     }

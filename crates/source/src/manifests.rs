@@ -11,15 +11,15 @@
 //! document, so all of its items are skipped, and the error says so. A document is parsed
 //! into a [`serde_json::Value`] with serde-saphyr, then:
 //!
-//! - `kind: List` (and `ServiceList`, `EndpointSliceList`, `NodeList`, as `kubectl get -o yaml`
-//!   and the API print them) is unpacked: each entry of `items` is handled as an object (items
+//! - `kind: List` (and `ServiceList`, `EndpointSliceList`, `NodeList`, `ServiceCIDRList`, as
+//!   `kubectl get -o yaml` and the API print them) is unpacked: each entry of `items` is handled as an object (items
 //!   of a typed list that lack `kind`/`apiVersion` get the list's). The entries are handled
 //!   while the List is parsed, one at a time, and each entry's [`serde_json::Value`] is dropped
 //!   before the next is read, so a List of 10,000 Services is never one tree in memory; what
 //!   they added stands only if the whole document parses and is a list (see `document.rs`),
 //!   so errors, lines and duplicates are those of a List read whole.
-//! - `v1` `Service`, `discovery.k8s.io/v1` `EndpointSlice` and `v1` `Node` are deserialized into
-//!   k8s-openapi types (with [`serde_path_to_error`], so a type error names its field path) and
+//! - `v1` `Service`, `discovery.k8s.io/v1` `EndpointSlice`, `v1` `Node` and
+//!   `networking.k8s.io/v1` `ServiceCIDR` are deserialized into k8s-openapi types (with [`serde_path_to_error`], so a type error names its field path) and
 //!   converted by [`crate::convert`]. These kinds with another `apiVersion` are skipped with a
 //!   warning; every other kind is skipped silently (debug log).
 //! - An object seen twice (same kind and namespace/name) keeps its first definition; the second
@@ -49,7 +49,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use kp_model::{
-    EndpointSlice, Escaped, NamespacedName, Node, ObjectKind, Service, SourceEvent, escape,
+    EndpointSlice, Escaped, NamespacedName, Node, ObjectKind, Service, ServiceCidr, SourceEvent,
+    escape,
 };
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -87,7 +88,8 @@ pub struct ManifestError {
     /// comment); `None` for problems with the whole file.
     pub line: Option<usize>,
     /// The object: `Service default/nginx-svc`, `EndpointSlice default/nginx-svc-7xk2p`,
-    /// `Node k8s-master`; or `document 3` when the document is not a usable object.
+    /// `Node k8s-master`, `ServiceCIDR kubernetes`; or `document 3` when the document is not a
+    /// usable object.
     pub object: Option<String>,
     /// Field path inside the object (`spec.ports[0].port`), when one field is at fault.
     pub field: Option<String>,
@@ -159,18 +161,24 @@ pub struct ManifestSet {
     pub slices: BTreeMap<NamespacedName, EndpointSlice>,
     /// Nodes by name.
     pub nodes: BTreeMap<String, Node>,
+    /// ServiceCIDRs by name.
+    pub service_cidrs: BTreeMap<String, ServiceCidr>,
 }
 
 impl ManifestSet {
     /// Whether the set holds no object at all.
     pub fn is_empty(&self) -> bool {
-        self.services.is_empty() && self.slices.is_empty() && self.nodes.is_empty()
+        self.services.is_empty()
+            && self.slices.is_empty()
+            && self.nodes.is_empty()
+            && self.service_cidrs.is_empty()
     }
 
     /// The events that turn `self` into `newer`: an upsert for every object that is new or
     /// changed, a delete for every object that is gone, nothing for unchanged objects.
     ///
-    /// Order: Services, then EndpointSlices, then Nodes; within a kind, by key.
+    /// Order: Services, then EndpointSlices, then Nodes, then ServiceCIDRs; within a kind, by
+    /// key.
     pub fn diff(&self, newer: &ManifestSet) -> Vec<SourceEvent> {
         let mut events = Vec::new();
         diff_map(
@@ -194,11 +202,19 @@ impl ManifestSet {
             SourceEvent::NodeUpsert,
             |k| SourceEvent::NodeDelete(k.clone()),
         );
+        diff_map(
+            &self.service_cidrs,
+            &newer.service_cidrs,
+            &mut events,
+            SourceEvent::ServiceCidrUpsert,
+            |k| SourceEvent::ServiceCidrDelete(k.clone()),
+        );
         events
     }
 
     /// The events a source sends first: an upsert for every object (Services, EndpointSlices,
-    /// Nodes), then [`SourceEvent::Synced`] for each of the three [`ObjectKind`]s.
+    /// Nodes, ServiceCIDRs), then [`SourceEvent::Synced`] for Services, EndpointSlices and
+    /// Nodes (ServiceCIDRs hold no sync back, see [`ObjectKind`]).
     pub fn initial_events(&self) -> Vec<SourceEvent> {
         let mut events = ManifestSet::default().diff(self);
         events.extend(
@@ -213,8 +229,8 @@ impl ManifestSet {
     }
 }
 
-/// One object's identity: its kind and namespace/name (name for a Node), as the tracker keys
-/// it. `Display` prints it the way errors name objects: `Service default/nginx-svc` (with
+/// One object's identity: its kind and namespace/name (name for a Node or a ServiceCIDR), as
+/// the tracker keys it. `Display` prints it the way errors name objects: `Service default/nginx-svc` (with
 /// control characters escaped).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum ObjectKey {
@@ -224,6 +240,8 @@ pub enum ObjectKey {
     EndpointSlice(NamespacedName),
     /// A Node, by name.
     Node(String),
+    /// A ServiceCIDR, by name.
+    ServiceCidr(String),
 }
 
 impl ObjectKey {
@@ -233,6 +251,7 @@ impl ObjectKey {
             ObjectKey::Service(_) => ObjectKind::Service,
             ObjectKey::EndpointSlice(_) => ObjectKind::EndpointSlice,
             ObjectKey::Node(_) => ObjectKind::Node,
+            ObjectKey::ServiceCidr(_) => ObjectKind::ServiceCidr,
         }
     }
 
@@ -242,6 +261,7 @@ impl ObjectKey {
             ObjectKey::Service(name) => SourceEvent::ServiceDelete(name.clone()),
             ObjectKey::EndpointSlice(name) => SourceEvent::SliceDelete(name.clone()),
             ObjectKey::Node(name) => SourceEvent::NodeDelete(name.clone()),
+            ObjectKey::ServiceCidr(name) => SourceEvent::ServiceCidrDelete(name.clone()),
         }
     }
 }
@@ -254,6 +274,7 @@ impl fmt::Display for ObjectKey {
             ObjectKey::Service(name) => ("Service", name),
             ObjectKey::EndpointSlice(name) => ("EndpointSlice", name),
             ObjectKey::Node(name) => return write!(f, "Node {}", Escaped(name)),
+            ObjectKey::ServiceCidr(name) => return write!(f, "ServiceCIDR {}", Escaped(name)),
         };
         write!(
             f,
@@ -271,6 +292,7 @@ impl ManifestSet {
             ObjectKey::Service(name) => self.services.contains_key(name),
             ObjectKey::EndpointSlice(name) => self.slices.contains_key(name),
             ObjectKey::Node(name) => self.nodes.contains_key(name),
+            ObjectKey::ServiceCidr(name) => self.service_cidrs.contains_key(name),
         }
     }
 
@@ -280,6 +302,7 @@ impl ManifestSet {
             ObjectKey::Service(name) => drop(self.services.remove(name)),
             ObjectKey::EndpointSlice(name) => drop(self.slices.remove(name)),
             ObjectKey::Node(name) => drop(self.nodes.remove(name)),
+            ObjectKey::ServiceCidr(name) => drop(self.service_cidrs.remove(name)),
         }
     }
 
@@ -301,6 +324,11 @@ impl ManifestSet {
                 .nodes
                 .get(name)
                 .map(|node| self.nodes.insert(name.clone(), node.clone()))
+                .is_some(),
+            ObjectKey::ServiceCidr(name) => other
+                .service_cidrs
+                .get(name)
+                .map(|sc| self.service_cidrs.insert(name.clone(), sc.clone()))
                 .is_some(),
         }
     }
@@ -435,8 +463,9 @@ pub struct FileLoad {
     pub rejected: Vec<(ObjectKey, usize)>,
     /// When the file was not understood whole, the position of the first error that says why:
     /// it could not be read, a document could not be parsed as YAML, or an object could not be
-    /// identified (not a mapping, no `kind` or `apiVersion`, a Service, EndpointSlice or Node
-    /// without a usable `metadata.name`). Such a file may define more objects than it shows.
+    /// identified (not a mapping, no `kind` or `apiVersion`, a Service, EndpointSlice, Node or
+    /// ServiceCIDR without a usable `metadata.name`). Such a file may define more objects than
+    /// it shows.
     pub incomplete: Option<usize>,
 }
 
@@ -474,7 +503,7 @@ enum Skipped {
         kind: String,
         api_version: String,
     },
-    /// A Service, EndpointSlice or Node of another `apiVersion` (warning).
+    /// A Service, EndpointSlice, Node or ServiceCIDR of another `apiVersion` (warning).
     Version {
         file: PathBuf,
         line: usize,
@@ -1096,6 +1125,7 @@ impl ManifestLoader {
         let expected_version = match kind.as_str() {
             "Service" | "Node" => "v1",
             "EndpointSlice" => "discovery.k8s.io/v1",
+            "ServiceCIDR" => "networking.k8s.io/v1",
             _ => {
                 if tracing::enabled!(tracing::Level::DEBUG) {
                     self.skipped(Skipped::Kind {
@@ -1159,6 +1189,23 @@ impl ManifestLoader {
                         });
                     }
                     Ok(Converted::Ignored(why)) => self.ignored(&at, why),
+                    Err(e) => self.convert_error(&at, e, key),
+                }
+            }
+            "ServiceCIDR" => {
+                let Some(object) =
+                    self.typed::<k8s_openapi::api::networking::v1::ServiceCIDR>(&at, value, &key)
+                else {
+                    return;
+                };
+                let mut warnings = Vec::new();
+                match convert::service_cidr_with_warnings(&object, &mut warnings) {
+                    Ok(sc) => {
+                        let key = ObjectKey::ServiceCidr(sc.name.clone());
+                        self.accept(&at, key, warnings, |set| {
+                            set.service_cidrs.insert(sc.name.clone(), sc);
+                        });
+                    }
                     Err(e) => self.convert_error(&at, e, key),
                 }
             }
@@ -1286,14 +1333,17 @@ fn budget_for(len: usize) -> serde_saphyr::Budget {
     budget
 }
 
-/// The identity of a Service, EndpointSlice or Node, read from the untyped value the way
+/// The identity of a Service, EndpointSlice, Node or ServiceCIDR, read from the untyped value
+/// the way
 /// [`crate::convert`] reads it (an absent or empty namespace is `default`); `None` when
 /// `metadata.name` (or `metadata.namespace`) is missing, empty or not a string.
 fn object_key(kind: &str, map: &serde_json::Map<String, Value>) -> Option<ObjectKey> {
     let meta = map.get("metadata")?;
     let name = meta.get("name")?.as_str().filter(|s| !s.is_empty())?;
-    if kind == "Node" {
-        return Some(ObjectKey::Node(name.to_string()));
+    match kind {
+        "Node" => return Some(ObjectKey::Node(name.to_string())),
+        "ServiceCIDR" => return Some(ObjectKey::ServiceCidr(name.to_string())),
+        _ => {}
     }
     let namespace = match meta.get("namespace") {
         None | Some(Value::Null) => "default",
@@ -1316,6 +1366,7 @@ fn list_item_kind(kind: &str) -> Option<&'static str> {
         "ServiceList" => Some("Service"),
         "EndpointSliceList" => Some("EndpointSlice"),
         "NodeList" => Some("Node"),
+        "ServiceCIDRList" => Some("ServiceCIDR"),
         _ => None,
     }
 }
@@ -1330,7 +1381,7 @@ fn object_label(kind: &str, map: &serde_json::Map<String, Value>) -> String {
             .filter(|s| !s.is_empty())
     };
     let name = field("name").unwrap_or("<unnamed>");
-    if kind == "Node" {
+    if kind == "Node" || kind == "ServiceCIDR" {
         format!("{kind} {name}")
     } else {
         format!("{kind} {}/{name}", field("namespace").unwrap_or("default"))
@@ -1431,7 +1482,7 @@ fn drop_hint_parts(text: &str, separators: &[&str]) -> String {
 enum Described {
     /// A `List` (or typed list) of this many items.
     List(usize),
-    /// One Service, EndpointSlice or Node: its label (`Service default/web`).
+    /// One Service, EndpointSlice, Node or ServiceCIDR: its label (`Service default/web`).
     Object(String),
     /// Anything else, or what does not parse.
     Unknown,
@@ -1448,7 +1499,7 @@ fn describe_document(text: &str) -> Described {
     };
     match outline.kind.as_ref().and_then(Value::as_str) {
         Some(kind) if list_item_kind(kind).is_some() => Described::List(outline.items.unwrap_or(0)),
-        Some(kind @ ("Service" | "EndpointSlice" | "Node")) => {
+        Some(kind @ ("Service" | "EndpointSlice" | "Node" | "ServiceCIDR")) => {
             let mut map = serde_json::Map::new();
             if let Some(metadata) = outline.metadata {
                 map.insert("metadata".to_string(), metadata);

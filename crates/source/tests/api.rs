@@ -878,3 +878,128 @@ async fn the_backoff_starts_over_after_a_healthy_period() {
     assert_eq!(batch, vec![svc_up(&web2)]);
     assert!(back.elapsed() < Duration::from_millis(2500));
 }
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> k8s_openapi::api::networking::v1::ServiceCIDR {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"cidrs": cidrs},
+        "status": {"conditions": [{"type": "Ready", "status": "True", "reason": "", "message": "",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+    }))
+    .expect("ServiceCIDR JSON")
+}
+
+fn service_cidr_up(name: &str, cidrs: &[&str]) -> SourceEvent {
+    SourceEvent::ServiceCidrUpsert(kp_model::ServiceCidr {
+        name: name.into(),
+        cidrs: cidrs.iter().map(|c| c.parse().expect("CIDR")).collect(),
+    })
+}
+
+/// ServiceCIDRs (`/apis/networking.k8s.io/v1/servicecidrs`) are listed and watched like the
+/// other kinds, but no `Synced` is sent for them: upstream's proxier does not wait for them.
+/// An invalid one is reported by name and field and not delivered.
+#[tokio::test]
+async fn service_cidrs_are_watched_without_holding_back_the_first_sync() {
+    let server = TestApiServer::start().await.expect("server");
+    put(&server, &service("web", 80, json!({})));
+    put(&server, &slice("web-abc", "10.0.0.4", json!({})));
+    put(&server, &node(NODE, "z1"));
+    put(
+        &server,
+        &service_cidr("kubernetes", &["10.96.0.0/12", "fd00:96::/112"]),
+    );
+    let mut h = Harness::start(&server, fast());
+    let mut seen = Vec::new();
+    while seen
+        .iter()
+        .filter(|e| matches!(e, SourceEvent::Synced(_)))
+        .count()
+        < 3
+        || !seen
+            .iter()
+            .any(|e| matches!(e, SourceEvent::ServiceCidrUpsert(_)))
+    {
+        seen.extend(h.next().await);
+    }
+    assert!(seen.contains(&service_cidr_up(
+        "kubernetes",
+        &["10.96.0.0/12", "fd00:96::/112"]
+    )));
+    assert!(
+        !seen.contains(&SourceEvent::Synced(ObjectKind::ServiceCidr)),
+        "{seen:?}"
+    );
+    h.quiet().await;
+    open_all(&server).await;
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.kind == Some(ApiKind::ServiceCidr)
+                && r.uri
+                    .starts_with("/apis/networking.k8s.io/v1/servicecidrs?")),
+        "{:?}",
+        server.requests()
+    );
+
+    put(&server, &service_cidr("extra", &["10.0.200.0/24"]));
+    assert_eq!(
+        h.next().await,
+        vec![service_cidr_up("extra", &["10.0.200.0/24"])]
+    );
+    // Three CIDRs: the API server would refuse it; the source reports and skips it.
+    put(
+        &server,
+        &service_cidr("bad", &["10.1.0.0/16", "10.2.0.0/16", "fd00::/64"]),
+    );
+    h.quiet().await;
+    assert!(
+        h.errors()
+            .iter()
+            .any(|e| e.starts_with("ServiceCIDR bad: spec.cidrs: 3 CIDRs listed")),
+        "{:?}",
+        h.errors()
+    );
+    server.delete(ApiKind::ServiceCidr, "", "kubernetes");
+    assert_eq!(
+        h.next().await,
+        vec![SourceEvent::ServiceCidrDelete("kubernetes".into())]
+    );
+    h.wait_health(SourceHealth::is_connected).await;
+}
+
+/// An API server that does not serve ServiceCIDRs (older than 1.33, or a ClusterRole that
+/// does not grant them): the other kinds sync and the source counts as connected; once they
+/// are served, they arrive.
+#[tokio::test]
+async fn an_api_server_without_service_cidrs_still_syncs_and_is_connected() {
+    let server = TestApiServer::start().await.expect("server");
+    server.set_served(ApiKind::ServiceCidr, false);
+    put(&server, &service("web", 80, json!({})));
+    put(&server, &slice("web-abc", "10.0.0.4", json!({})));
+    put(&server, &node(NODE, "z1"));
+    put(&server, &service_cidr("kubernetes", &["10.96.0.0/12"]));
+    let mut h = Harness::start(&server, fast());
+    let events = h.initial().await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, SourceEvent::ServiceCidrUpsert(_))),
+        "{events:?}"
+    );
+    h.wait_health(SourceHealth::is_connected).await;
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.kind == Some(ApiKind::ServiceCidr)),
+        "the source asked for ServiceCIDRs"
+    );
+    server.set_served(ApiKind::ServiceCidr, true);
+    assert_eq!(
+        h.next().await,
+        vec![service_cidr_up("kubernetes", &["10.96.0.0/12"])]
+    );
+    assert!(h.health.borrow().is_connected());
+}

@@ -1,15 +1,18 @@
 //! [`TestApiServer`]: a small in-process Kubernetes API server for testing API clients.
 //!
-//! It serves Services, EndpointSlices and Nodes over plain HTTP on `127.0.0.1:<random port>`
+//! It serves Services, EndpointSlices, Nodes and ServiceCIDRs over plain HTTP on
+//! `127.0.0.1:<random port>`
 //! and speaks enough of the real list/watch wire protocol for kube-rs's `watcher` (and so
 //! for anything built like client-go's reflector):
 //!
-//! - **Paths**: `GET /api/v1/services`, `GET /apis/discovery.k8s.io/v1/endpointslices` and
-//!   `GET /api/v1/nodes` (all namespaces; the per-namespace paths are served too), plus the
-//!   discovery documents `/version`, `/api`, `/apis` and `/healthz`; and
+//! - **Paths**: `GET /api/v1/services`, `GET /apis/discovery.k8s.io/v1/endpointslices`,
+//!   `GET /api/v1/nodes` and `GET /apis/networking.k8s.io/v1/servicecidrs` (all namespaces;
+//!   the per-namespace paths of the namespaced kinds are served too), plus the discovery
+//!   documents `/version`, `/api`, `/apis` and `/healthz`; and
 //!   `events.k8s.io/v1` Events (`POST`, merge-`PATCH` and `GET` under
 //!   `/apis/events.k8s.io/v1/namespaces/NS/events`), kept for [`TestApiServer::events`].
-//!   Anything else is a 404 `Status`.
+//!   Anything else is a 404 `Status`, and so is a kind the test stopped serving
+//!   ([`TestApiServer::set_served`], an API server older than the kind).
 //! - **List**: a `ServiceList` (etc.) with `metadata.resourceVersion`, items sorted by
 //!   namespace/name and without `apiVersion`/`kind` (as the real server prints them).
 //!   `labelSelector` and `fieldSelector` filter; `limit` and `continue` paginate, every page
@@ -46,7 +49,7 @@
 //!   `400 Bad Request` `Status`, as the real server answers.
 //!
 //! Beyond list/watch (module `objects`): discovery of every served group, and `GET`, `POST`
-//! (with `dryRun=All`), merge-patch `PATCH` and `DELETE` of single objects of those three
+//! (with `dryRun=All`), merge-patch `PATCH` and `DELETE` of single objects of those four
 //! kinds and of ConfigMaps, ServiceAccounts, Namespaces, DaemonSets, Jobs, ClusterRoles and
 //! ClusterRoleBindings, decoded strictly as the real server does with
 //! `fieldValidation=Strict` (an unknown field is a `400` naming it): enough for
@@ -126,7 +129,9 @@ pub enum ApiServerError {
     #[error("test API server: {0}")]
     BadObject(String),
     /// The object's `kind` is not one the server stores.
-    #[error("test API server: unsupported kind {0:?} (Service, EndpointSlice or Node)")]
+    #[error(
+        "test API server: unsupported kind {0:?} (Service, EndpointSlice, Node or ServiceCIDR)"
+    )]
     UnknownKind(String),
     /// The server URL is not a valid URI (cannot happen for a bound loopback address).
     #[error("test API server: bad URL: {0}")]
@@ -159,11 +164,19 @@ pub enum ApiKind {
     EndpointSlice,
     /// `v1` `Node` (cluster-scoped), at `/api/v1/nodes`.
     Node,
+    /// `networking.k8s.io/v1` `ServiceCIDR` (cluster-scoped), at
+    /// `/apis/networking.k8s.io/v1/servicecidrs`.
+    ServiceCidr,
 }
 
 impl ApiKind {
     /// Every kind.
-    pub const ALL: [ApiKind; 3] = [ApiKind::Service, ApiKind::EndpointSlice, ApiKind::Node];
+    pub const ALL: [ApiKind; 4] = [
+        ApiKind::Service,
+        ApiKind::EndpointSlice,
+        ApiKind::Node,
+        ApiKind::ServiceCidr,
+    ];
 
     /// The `kind` field.
     pub fn kind(self) -> &'static str {
@@ -171,6 +184,7 @@ impl ApiKind {
             ApiKind::Service => "Service",
             ApiKind::EndpointSlice => "EndpointSlice",
             ApiKind::Node => "Node",
+            ApiKind::ServiceCidr => "ServiceCIDR",
         }
     }
 
@@ -179,12 +193,13 @@ impl ApiKind {
         match self {
             ApiKind::Service | ApiKind::Node => "v1",
             ApiKind::EndpointSlice => "discovery.k8s.io/v1",
+            ApiKind::ServiceCidr => "networking.k8s.io/v1",
         }
     }
 
     /// Whether objects of this kind live in a namespace.
     pub fn namespaced(self) -> bool {
-        self != ApiKind::Node
+        !matches!(self, ApiKind::Node | ApiKind::ServiceCidr)
     }
 
     fn from_kind(kind: &str) -> Option<ApiKind> {
@@ -198,6 +213,8 @@ impl ApiKind {
             ("core", rest)
         } else if let Some(rest) = path.strip_prefix("/apis/discovery.k8s.io/v1/") {
             ("discovery", rest)
+        } else if let Some(rest) = path.strip_prefix("/apis/networking.k8s.io/v1/") {
+            ("networking", rest)
         } else {
             return None;
         };
@@ -212,6 +229,7 @@ impl ApiKind {
             ("core", "services") => ApiKind::Service,
             ("core", "nodes") if namespace.is_none() => ApiKind::Node,
             ("discovery", "endpointslices") => ApiKind::EndpointSlice,
+            ("networking", "servicecidrs") if namespace.is_none() => ApiKind::ServiceCidr,
             _ => return None,
         };
         Some((kind, namespace))
@@ -331,6 +349,8 @@ struct Store {
     /// Watches (and continue tokens) from a resourceVersion below this are expired.
     compacted: u64,
     unavailable: bool,
+    /// Kinds answered `404` (see [`TestApiServer::set_served`]).
+    unserved: BTreeSet<ApiKind>,
     requests: Vec<ApiRequest>,
     /// The objects of the kinds nobody watches (ConfigMaps, DaemonSets, ...).
     others: objects::Objects,
@@ -339,7 +359,7 @@ struct Store {
 struct Shared {
     store: Mutex<Store>,
     events: broadcast::Sender<Msg>,
-    open_watches: [AtomicUsize; 3],
+    open_watches: [AtomicUsize; 4],
     /// Bumped by [`TestApiServer::reset_connections`]: a connection accepted before closes
     /// with a reset.
     reset_generation: Arc<AtomicU64>,
@@ -615,8 +635,8 @@ impl TestApiServer {
         Ok(kube::Client::try_from(config)?)
     }
 
-    /// Adds or replaces an object (a k8s-openapi `Service`, `EndpointSlice` or `Node`).
-    /// Returns its new resourceVersion. See [`TestApiServer::upsert_value`].
+    /// Adds or replaces an object (a k8s-openapi `Service`, `EndpointSlice`, `Node` or
+    /// `ServiceCIDR`). Returns its new resourceVersion. See [`TestApiServer::upsert_value`].
     ///
     /// # Errors
     /// See [`TestApiServer::upsert_value`].
@@ -645,9 +665,10 @@ impl TestApiServer {
         self.shared.upsert(object)
     }
 
-    /// Deletes an object (`namespace` is ignored for Nodes). Open watches see `DELETED`
-    /// with the last version of the object at the new resourceVersion. Returns the new
-    /// resourceVersion, or `None` when there was no such object.
+    /// Deletes an object (`namespace` is ignored for the cluster-scoped Nodes and
+    /// ServiceCIDRs). Open watches see `DELETED` with the last version of the object at the
+    /// new resourceVersion. Returns the new resourceVersion, or `None` when there was no such
+    /// object.
     pub fn delete(&self, kind: ApiKind, namespace: &str, name: &str) -> Option<u64> {
         self.shared.delete(kind, namespace, name)
     }
@@ -732,11 +753,24 @@ impl TestApiServer {
         }
     }
 
-    /// While `true`, every list request (of the three watched kinds) is received, counted in
+    /// While `true`, every list request (of the four watched kinds) is received, counted in
     /// [`TestApiServer::requests`], and left waiting for its answer until this is set back to
     /// `false`: a first list that takes as long as the test wants.
     pub fn hold_lists(&self, held: bool) {
         self.shared.lists_held.send_replace(held);
+    }
+
+    /// Whether `kind` is served (the default). An unserved kind's paths are answered `404
+    /// Not Found`, as an API server older than the kind answers (ServiceCIDRs are served
+    /// from Kubernetes 1.33); turning it off cuts every open watch.
+    pub fn set_served(&self, kind: ApiKind, served: bool) {
+        let mut store = self.shared.lock();
+        if served {
+            store.unserved.remove(&kind);
+        } else {
+            store.unserved.insert(kind);
+            let _ = self.shared.events.send(Msg::Drop);
+        }
     }
 
     /// The current resourceVersion.
@@ -878,6 +912,15 @@ async fn handle(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "ServiceUnavailable",
                 "the test API server is unavailable",
+            );
+        }
+        if let Some((kind, _)) = &target
+            && store.unserved.contains(kind)
+        {
+            return status(
+                StatusCode::NOT_FOUND,
+                "NotFound",
+                &format!("the server could not find the requested resource ({path})"),
             );
         }
     }
@@ -1085,6 +1128,10 @@ fn discovery(path: &str) -> Response {
                 "name": "discovery.k8s.io",
                 "versions": [{"groupVersion": "discovery.k8s.io/v1", "version": "v1"}],
                 "preferredVersion": {"groupVersion": "discovery.k8s.io/v1", "version": "v1"},
+            }, {
+                "name": "networking.k8s.io",
+                "versions": [{"groupVersion": "networking.k8s.io/v1", "version": "v1"}],
+                "preferredVersion": {"groupVersion": "networking.k8s.io/v1", "version": "v1"},
             }],
         })),
         "/healthz" | "/readyz" | "/livez" => (StatusCode::OK, "ok").into_response(),
@@ -1696,5 +1743,13 @@ mod tests {
             Some((ApiKind::EndpointSlice, Some("x".into())))
         );
         assert_eq!(ApiKind::from_path("/api/v1/pods"), None);
+        assert_eq!(
+            ApiKind::from_path("/apis/networking.k8s.io/v1/servicecidrs"),
+            Some((ApiKind::ServiceCidr, None))
+        );
+        assert_eq!(
+            ApiKind::from_path("/apis/networking.k8s.io/v1/namespaces/x/servicecidrs"),
+            None
+        );
     }
 }

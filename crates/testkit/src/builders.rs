@@ -17,8 +17,8 @@ use ipnet::IpNet;
 use kp_model::{
     EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, EndpointTopology, IpFamily,
     LoadBalancerIngress, LoadBalancerIpMode, NamespacedName, Node, ObjectKind, Protocol, Service,
-    ServicePortSpec, ServiceType, SessionAffinity, SliceAddressType, Snapshot, SourceEvent,
-    TrafficPolicy,
+    ServiceCidr, ServicePortSpec, ServiceType, SessionAffinity, SliceAddressType, Snapshot,
+    SourceEvent, TrafficPolicy,
 };
 use kp_track::Tracker;
 
@@ -287,9 +287,25 @@ pub fn snapshot_with_node(
     services: Vec<Service>,
     slices: Vec<EndpointSlice>,
 ) -> Snapshot {
+    snapshot_with_service_cidrs(family, node, node_object, services, slices, Vec::new())
+}
+
+/// As [`snapshot_with_node`], with ServiceCIDR objects (the snapshot keeps those of
+/// `family`).
+pub fn snapshot_with_service_cidrs(
+    family: IpFamily,
+    node: &str,
+    node_object: Option<Node>,
+    services: Vec<Service>,
+    slices: Vec<EndpointSlice>,
+    service_cidrs: Vec<ServiceCidr>,
+) -> Snapshot {
     let mut t = synced_tracker(family, node);
     if let Some(n) = node_object {
         t.apply(SourceEvent::NodeUpsert(n));
+    }
+    for sc in service_cidrs {
+        t.apply(SourceEvent::ServiceCidrUpsert(sc));
     }
     for s in services {
         t.apply(SourceEvent::ServiceUpsert(s));

@@ -1,8 +1,8 @@
 //! The packet-flow conformance table: the single source of behavioural truth for every proxy
 //! mode.
 //!
-//! Each [`Scenario`] is a small cluster (Services, EndpointSlices, this node's Node object)
-//! plus proxy settings; each [`Row`] is one packet `(name, from, src, proto, dst, port)` and
+//! Each [`Scenario`] is a small cluster (Services, EndpointSlices, this node's Node object,
+//! ServiceCIDRs) plus proxy settings; each [`Row`] is one packet `(name, from, src, proto, dst, port)` and
 //! what must happen to it: which backends it can reach and whether it is masqueraded, or
 //! that it is dropped, rejected, or left alone. A mode passes when, for every row, tracing
 //! the packet through that mode's rendered rules gives exactly the expected outcome; the
@@ -24,9 +24,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use kp_model::{EndpointSlice, Node, Protocol, Service};
+use kp_model::{EndpointSlice, IpFamily, Node, Protocol, Service, ServiceCidr, Snapshot};
 
-use crate::builders::{ServiceBuilder, SliceBuilder, ip};
+use crate::builders::{ServiceBuilder, SliceBuilder, ip, snapshot_with_service_cidrs};
 
 /// Where a packet comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -143,8 +143,25 @@ pub struct Scenario {
     pub services: Vec<Service>,
     /// EndpointSlices.
     pub slices: Vec<EndpointSlice>,
+    /// ServiceCIDRs (none in most scenarios, as before a cluster had them).
+    pub service_cidrs: Vec<ServiceCidr>,
     /// Packets.
     pub rows: Vec<Row>,
+}
+
+impl Scenario {
+    /// The snapshot the tracker builds for `family` on this node from the scenario's
+    /// objects, which every mode renders.
+    pub fn snapshot(&self, family: IpFamily) -> Snapshot {
+        snapshot_with_service_cidrs(
+            family,
+            NODE,
+            Some(self.node.clone()),
+            self.services.clone(),
+            self.slices.clone(),
+            self.service_cidrs.clone(),
+        )
+    }
 }
 
 /// This node's name.
@@ -252,6 +269,7 @@ fn scenario(
         local_addrs: local_addrs(),
         services,
         slices,
+        service_cidrs: Vec::new(),
         rows,
     }
 }
@@ -463,6 +481,10 @@ fn add_ipvs_exceptions(scenarios: &mut [Scenario]) {
 /// uses (its `cluster-ips-check` chain), where iptables mode leaves the packet alone.
 const NFT_CLUSTER_IPS_CHECK: &str = "nftables mode rejects traffic to a ClusterIP on a port no Service uses (upstream's cluster-ips-check chain)";
 
+/// Rows where upstream's nftables mode drops traffic to an address of the Service CIDRs that
+/// is no ClusterIP, where the other modes leave the packet alone.
+const NFT_UNALLOCATED: &str = "nftables mode drops traffic to an unallocated ClusterIP of the Service CIDRs (upstream's cluster-ips-check chain)";
+
 fn cluster_ip() -> Scenario {
     let mut s = cluster_ip_rows();
     for r in &mut s.rows {
@@ -471,6 +493,56 @@ fn cluster_ip() -> Scenario {
                 .push(("nftables", Expect::Reject, NFT_CLUSTER_IPS_CHECK));
         }
     }
+    // The cluster's ServiceCIDR (dual-stack), and a second, smaller one.
+    s.service_cidrs = vec![
+        ServiceCidr {
+            name: "kubernetes".into(),
+            cidrs: vec![
+                "10.96.0.0/16".parse().expect("CIDR"),
+                "fd00:96::/112".parse().expect("CIDR"),
+            ],
+        },
+        ServiceCidr {
+            name: "extra".into(),
+            cidrs: vec!["10.97.0.0/24".parse().expect("CIDR")],
+        },
+    ];
+    let mut unallocated = |name, src: &str, proto, dst: &str, port| {
+        let mut r = row(name, pod(), src, proto, dst, port, Expect::Unchanged);
+        r.exceptions
+            .push(("nftables", Expect::Drop, NFT_UNALLOCATED));
+        s.rows.push(r);
+    };
+    unallocated(
+        "an unallocated ClusterIP of the Service CIDR",
+        POD,
+        TCP,
+        "10.96.0.200",
+        80,
+    );
+    unallocated(
+        "an unallocated ClusterIP of the second Service CIDR",
+        POD,
+        UDP,
+        "10.97.0.9",
+        53,
+    );
+    unallocated(
+        "an unallocated ClusterIP of the IPv6 Service CIDR",
+        "fd00:10:1::50",
+        TCP,
+        "fd00:96::99",
+        80,
+    );
+    s.rows.push(row(
+        "an address outside every Service CIDR: left alone in every mode",
+        pod(),
+        POD,
+        TCP,
+        "10.98.0.5",
+        80,
+        Expect::Unchanged,
+    ));
     s
 }
 

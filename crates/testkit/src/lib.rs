@@ -12,9 +12,9 @@
 //! * [`process`]: [`ChildGuard`] (a child process stopped on drop) and [`wait_for`].
 //! * [`conformance`]: the packet-flow table every proxy mode must pass.
 //! * [`apiserver`]: [`apiserver::TestApiServer`], an in-process Kubernetes API server
-//!   (list/watch of Services, EndpointSlices and Nodes over loopback HTTP or HTTPS, and
-//!   enough of the rest of the API for `kubectl apply` of a deployment) for testing the
-//!   API-server source and `deploy/`; it needs no root.
+//!   (list/watch of Services, EndpointSlices, Nodes and ServiceCIDRs over loopback HTTP or
+//!   HTTPS, and enough of the rest of the API for `kubectl apply` of a deployment) for
+//!   testing the API-server source and `deploy/`; it needs no root.
 //! * [`pod`]: [`pod::PodFiles`], files at a pod's fixed paths (a ConfigMap volume, the
 //!   service-account token) for one process in a namespace, through overlays in its own
 //!   mount namespace; the machine's file system is not changed.

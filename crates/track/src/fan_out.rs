@@ -16,7 +16,8 @@ use kp_model::{IpFamily, SliceAddressType, SourceEvent};
 /// ClusterIPs and as a [`SourceEvent::ServiceDelete`] of its name to the others (a tracker
 /// treats an upsert without a ClusterIP of its family as a delete); an EndpointSlice upsert
 /// goes whole to its `addressType`'s family and as a [`SourceEvent::SliceDelete`] to the
-/// others (the same rule for slices); deletes, Nodes and `Synced` go to every family. With
+/// others (the same rule for slices); deletes, Nodes, ServiceCIDRs (each tracker keeps the CIDRs of its family) and `Synced` go to
+/// every family. With
 /// one family the batch is returned as it is. The events keep their order in each batch.
 pub fn split_by_family(batch: Vec<SourceEvent>, families: &[IpFamily]) -> Vec<Vec<SourceEvent>> {
     match families.len() {

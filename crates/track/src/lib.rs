@@ -1,6 +1,6 @@
 //! kp-track: pure, synchronous change tracking.
 //!
-//! The [`Tracker`] holds the latest Service, EndpointSlice and Node objects a source
+//! The [`Tracker`] holds the latest Service, EndpointSlice, Node and ServiceCIDR objects a source
 //! delivered, remembers which Services changed since the last [`Tracker::checkout`], and
 //! builds the per-family [`Snapshot`](kp_model::Snapshot) a proxier renders:
 //!
@@ -10,6 +10,8 @@
 //! - EndpointSlices are merged per Service: an endpoint (`ip:port`) present in two slices is
 //!   counted once, a local copy winning; endpoints are matched to Service ports by port name
 //!   and protocol, and sorted by their `ip:port` text like upstream's endpoints map.
+//! - ServiceCIDRs: the snapshot carries the union of this family's `spec.cidrs` (upstream's
+//!   `OnServiceCIDRsChanged`), for nftables mode's drop of traffic to unallocated ClusterIPs.
 //! - [`categorize`] implements endpoint selection: traffic policies, topology hints and the
 //!   terminating-endpoint fallback (upstream's `CategorizeEndpoints`).
 //!

@@ -10,6 +10,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use claims::{Claims, Destination, Name, Role};
+use ipnet::IpNet;
 use kp_model::{
     Changes, Endpoint, EndpointSlice, Interner, IpFamily, NamespacedName, Node, ObjectKind,
     Protocol, Service, ServicePortInfo, ServicePortName, ServiceType, SliceAddressType, Snapshot,
@@ -70,6 +71,11 @@ pub struct Tracker {
     /// `--bind-address`, when it is an address of this family: this node's primary IP,
     /// whatever the Node object says.
     primary_ip: Option<IpAddr>,
+    /// The CIDRs of this family of each ServiceCIDR object, by object name (objects with
+    /// none of this family are not kept).
+    service_cidrs: BTreeMap<String, Vec<IpNet>>,
+    /// The Service CIDRs may differ from the last checkout's.
+    service_cidrs_changed: bool,
 }
 
 /// How many Services have changes waiting for the next sync, by what changed; a Service whose
@@ -106,6 +112,8 @@ impl Tracker {
             warned_no_node: false,
             claims: Claims::default(),
             primary_ip: None,
+            service_cidrs: BTreeMap::new(),
+            service_cidrs_changed: false,
         }
     }
 
@@ -152,7 +160,7 @@ impl Tracker {
 
     /// Whether changes are waiting for the next checkout.
     pub fn has_pending_changes(&self) -> bool {
-        !self.dirty.is_empty() || self.full_resync_needed
+        !self.dirty.is_empty() || self.full_resync_needed || self.service_cidrs_changed
     }
 
     /// Services with changes waiting for the next checkout, by what changed (upstream's
@@ -244,12 +252,39 @@ impl Tracker {
                 }
                 had_topology
             }
+            SourceEvent::ServiceCidrUpsert(sc) => {
+                let nets: Vec<IpNet> = sc
+                    .cidrs
+                    .into_iter()
+                    .filter(|n| self.family.contains(&n.addr()))
+                    .collect();
+                let held = if nets.is_empty() {
+                    self.service_cidrs.remove(&sc.name).is_some()
+                } else if self.service_cidrs.get(&sc.name) == Some(&nets) {
+                    false
+                } else {
+                    self.service_cidrs.insert(sc.name, nets);
+                    true
+                };
+                held && self.service_cidrs_moved()
+            }
+            SourceEvent::ServiceCidrDelete(name) => {
+                self.service_cidrs.remove(&name).is_some() && self.service_cidrs_moved()
+            }
             SourceEvent::Synced(kind) => {
                 let was = self.is_initialized();
                 self.synced.insert(kind);
                 !was && self.is_initialized()
             }
         }
+    }
+
+    /// After a ServiceCIDR change: whether this family's Service CIDRs now differ from the
+    /// last checkout's (then the next checkout carries them).
+    fn service_cidrs_moved(&mut self) -> bool {
+        let moved = effective_service_cidrs(&self.service_cidrs) != self.current.service_cidrs;
+        self.service_cidrs_changed |= moved;
+        moved
     }
 
     fn upsert_slice(&mut self, mut slice: EndpointSlice) -> bool {
@@ -374,6 +409,17 @@ impl Tracker {
                     .collect()
             })
             .unwrap_or_default();
+        if std::mem::take(&mut self.service_cidrs_changed) {
+            let cidrs = effective_service_cidrs(&self.service_cidrs);
+            if cidrs != self.current.service_cidrs {
+                tracing::info!(
+                    family = %self.family,
+                    service_cidrs = ?cidrs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    "the Service CIDRs changed"
+                );
+                Arc::make_mut(&mut self.current).service_cidrs = cidrs;
+            }
+        }
         if self.current.node_labels != node_labels
             || self.current.node_ips != node_ips
             || self.current.node_pod_cidrs != node_pod_cidrs
@@ -449,6 +495,23 @@ impl Tracker {
             tracing::warn!(family = %self.family, "{conflict}");
         }
     }
+}
+
+/// The Service CIDRs of every ServiceCIDR object (`by_object`), as the snapshot carries
+/// them: sorted, each once, and without a CIDR another one contains (two ServiceCIDRs may
+/// overlap, as while a range is being replaced by a larger one).
+fn effective_service_cidrs(by_object: &BTreeMap<String, Vec<IpNet>>) -> Vec<IpNet> {
+    let mut all: Vec<IpNet> = by_object.values().flatten().copied().collect();
+    // Wider prefixes sort before the narrower ones at the same address.
+    all.sort_by_key(|n| (n.network(), n.prefix_len()));
+    all.dedup();
+    let mut out: Vec<IpNet> = Vec::with_capacity(all.len());
+    for net in all {
+        if !out.iter().any(|kept| kept.contains(&net)) {
+            out.push(net);
+        }
+    }
+    out
 }
 
 /// The index of the slice named `name` in `slices` (sorted by name), or where it would go.

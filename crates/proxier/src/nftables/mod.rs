@@ -19,9 +19,9 @@
 //! Differences from upstream are listed in `docs/nftables.md`: no anonymous sets or maps per
 //! Service (one `numgen random mod (n-i) 0` rule per endpoint instead), source ranges as one
 //! rule per range, stale chains deleted in the same transaction, the `nodeport-ips` set kept
-//! in step with the node's addresses on every sync, and no `cluster-ips-check` drop for
-//! unallocated addresses of the Service CIDRs (the manifest source has no ServiceCIDR
-//! objects).
+//! in step with the node's addresses on every sync, and the `cluster-ips-check` drop of
+//! unallocated addresses of the Service CIDRs rewritten by the next sync, partial or full,
+//! when the ServiceCIDRs change (upstream waits for its next full sync).
 
 pub mod names;
 pub mod reconcile;
@@ -189,6 +189,7 @@ impl<N: Nft> NftablesProxier<N> {
                 .local_detector
                 .for_family(self.family, &snap.node_pod_cidrs),
             nodeport_ips,
+            service_cidrs: snap.service_cidrs.clone(),
         })
     }
 }

@@ -10,7 +10,9 @@
 //! - A *partial* sync touches only the Services that changed: it rewrites their chains,
 //!   creates and deletes their affinity sets, and adds or deletes exactly the map and set
 //!   elements whose effective value changed. It relies on the [`State`] the last successful
-//!   sync left; its size does not depend on how many other Services exist.
+//!   sync left; its size does not depend on how many other Services exist. When the Service
+//!   CIDRs changed, it also rewrites `cluster-ips-check` (its drop of unallocated ClusterIPs),
+//!   the one fixed chain that depends on objects rather than on the configuration.
 //!
 //! Several Services may claim the same element (every port of a Service adds its ClusterIP to
 //! `cluster-ips`; two Services may list the same external IP and port): the element exists
@@ -42,16 +44,19 @@ use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use ipnet::IpNet;
 use kp_model::{IpFamily, NamespacedName};
 use kp_netfilter::{TableObjects, quote};
 
 use super::names::{
-    FIREWALL_PREFIX, NODEPORT_IPS, REJECT_CHAIN, TABLE, TABLE_COMMENT, is_affinity_set,
+    CLUSTER_IPS_CHECK, FIREWALL_PREFIX, NODEPORT_IPS, REJECT_CHAIN, TABLE, TABLE_COMMENT,
+    is_affinity_set,
 };
 use super::render::{
     AffinitySet, BASE_CHAINS, ChainRules, Container, FIXED_CHAINS, NODEPORT_IPS_COMMENT,
     REJECT_CHAIN_COMMENT, RenderConfig, Rendered, ServiceObjects, ServiceSet, Verdict,
-    fixed_chains, ip_word, nodeport_ip_elements, nodeport_ips_declaration, write_element,
+    cluster_ips_check, fixed_chains, ip_word, nodeport_ip_elements, nodeport_ips_declaration,
+    write_element,
 };
 
 /// Elements per `add element` / `delete element` command.
@@ -140,6 +145,8 @@ pub struct State {
     /// what the kernel holds. In the order of the payload's element commands.
     elements: BTreeMap<ElemKey, Vec<Claim>>,
     nodeport_ips: Vec<IpAddr>,
+    /// The Service CIDRs `cluster-ips-check` drops unallocated addresses of.
+    service_cidrs: Vec<IpNet>,
     fixed: String,
     fixed_rules: usize,
     fixed_filter_rules: usize,
@@ -153,6 +160,11 @@ impl State {
     /// [`fixed_fingerprint`]).
     pub fn fixed(&self) -> &str {
         &self.fixed
+    }
+
+    /// The Service CIDRs whose unallocated addresses `cluster-ips-check` drops.
+    pub fn service_cidrs(&self) -> &[IpNet] {
+        &self.service_cidrs
     }
 
     /// Rules in the table after the sync that produced this state.
@@ -222,9 +234,15 @@ pub struct PayloadStats {
 
 /// A text that identifies the fixed objects for `family` and `cfg`: when it changes
 /// (for instance the pod CIDR of `--detect-local-mode NodeCIDR`), a full sync is needed.
+/// The Service CIDRs are left out: a partial sync rewrites `cluster-ips-check` when they
+/// change.
 pub fn fixed_fingerprint(family: IpFamily, cfg: &RenderConfig) -> String {
+    let without_cidrs = RenderConfig {
+        service_cidrs: Vec::new(),
+        ..cfg.clone()
+    };
     let mut s = String::new();
-    for c in fixed_chains(family, cfg) {
+    for c in fixed_chains(family, &without_cidrs) {
         let _ = writeln!(s, "{}: {}", c.name, c.rules.join("; "));
     }
     let _ = writeln!(s, "nodeport-ips: {}", cfg.nodeport_ips.is_some());
@@ -431,6 +449,7 @@ pub fn plan_full(family: IpFamily, cfg: &RenderConfig, services: &dyn ServiceSet
     if cfg.nodeport_ips.is_some() {
         state.nodeport_ips = nodeport_ip_elements(cfg);
     }
+    state.service_cidrs.clone_from(&cfg.service_cidrs);
     state
 }
 
@@ -700,6 +719,20 @@ pub fn partial_payload(
         }
     }
 
+    // The Service CIDRs changed: `cluster-ips-check` is flushed and written again.
+    let cluster_ips_check_chain = (cfg.service_cidrs != state.service_cidrs).then(|| {
+        let rules = cluster_ips_check(family, cfg);
+        let before = 1 + usize::from(!state.service_cidrs.is_empty());
+        state.fixed_rules = state.fixed_rules + rules.len() - before;
+        state.fixed_filter_rules = state.fixed_filter_rules + rules.len() - before;
+        state.service_cidrs.clone_from(&cfg.service_cidrs);
+        w.cmd("flush", "chain", CLUSTER_IPS_CHECK, "");
+        ChainRules {
+            name: CLUSTER_IPS_CHECK.to_string(),
+            rules,
+        }
+    });
+
     // Chains and sets of the changed Services, old and new.
     let mut new_chains: HashSet<&str> = HashSet::new();
     let mut new_sets: HashMap<&str, u32> = HashMap::new();
@@ -740,7 +773,7 @@ pub fn partial_payload(
         }
     }
     let mut sets: Vec<&AffinitySet> = Vec::new();
-    let mut chains: Vec<&ChainRules> = Vec::new();
+    let mut chains: Vec<&ChainRules> = cluster_ips_check_chain.iter().collect();
     for name in changed {
         if let Some(objs) = rendered.services.get(name) {
             sets.extend(&objs.sets);

@@ -17,6 +17,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use ipnet::IpNet;
 use kp_model::{
     Endpoint, IpFamily, NamespacedName, Protocol, ServicePortInfo, ServicePortName,
     SessionAffinity, Snapshot,
@@ -47,6 +48,10 @@ pub struct RenderConfig {
     /// `Some(ips)`: only on these addresses (the `nodeport-ips` set; loopback is skipped, as
     /// nftables mode never serves NodePorts on 127.0.0.1 or ::1).
     pub nodeport_ips: Option<Vec<IpAddr>>,
+    /// The Service CIDRs of this family (the snapshot's, from the ServiceCIDR objects):
+    /// `cluster-ips-check` drops new connections to their addresses that are no ClusterIP.
+    /// Empty (no ServiceCIDR known yet): no such rule, as upstream.
+    pub service_cidrs: Vec<IpNet>,
 }
 
 impl Default for RenderConfig {
@@ -56,6 +61,7 @@ impl Default for RenderConfig {
             masquerade_mark: 1 << 14,
             local: None,
             nodeport_ips: None,
+            service_cidrs: Vec::new(),
         }
     }
 }
@@ -440,16 +446,33 @@ pub fn fixed_chains(family: IpFamily, cfg: &RenderConfig) -> Vec<ChainRules> {
                 ),
             ],
         ),
-        chain(
-            CLUSTER_IPS_CHECK,
-            vec![format!(
-                "{ip} daddr @{CLUSTER_IPS} reject comment {}",
-                quote("Reject traffic to invalid ports of ClusterIPs")
-            )],
-        ),
+        chain(CLUSTER_IPS_CHECK, cluster_ips_check(family, cfg)),
         chain(REJECT_CHAIN, vec!["reject".to_string()]),
     ]
 }
+
+/// The rules of `cluster-ips-check` (upstream's): a new connection to an active ClusterIP
+/// on a port no Service uses is rejected; one to any other address of the Service CIDRs (an
+/// unallocated ClusterIP) is dropped. Without Service CIDRs only the first rule exists.
+pub fn cluster_ips_check(family: IpFamily, cfg: &RenderConfig) -> Vec<String> {
+    let ip = ip_word(family);
+    let mut rules = vec![format!(
+        "{ip} daddr @{CLUSTER_IPS} reject comment {}",
+        quote("Reject traffic to invalid ports of ClusterIPs")
+    )];
+    if !cfg.service_cidrs.is_empty() {
+        let cidrs: Vec<String> = cfg.service_cidrs.iter().map(ToString::to_string).collect();
+        rules.push(format!(
+            "{ip} daddr {{ {} }} drop comment {}",
+            cidrs.join(", "),
+            quote(SERVICE_CIDRS_DROP_COMMENT)
+        ));
+    }
+    rules
+}
+
+/// The comment of `cluster-ips-check`'s drop rule (upstream's).
+pub const SERVICE_CIDRS_DROP_COMMENT: &str = "Drop traffic to unallocated ClusterIPs";
 
 /// The comment of `reject-chain`.
 pub const REJECT_CHAIN_COMMENT: &str = "helper for @no-endpoint-services / @no-endpoint-nodeports";

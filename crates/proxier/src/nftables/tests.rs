@@ -177,6 +177,13 @@ fn slice(svc: &str, port: u16, eps: &[(&str, &str)]) -> EndpointSlice {
     b.build()
 }
 
+fn service_cidr(name: &str, cidrs: &[&str]) -> SourceEvent {
+    SourceEvent::ServiceCidrUpsert(kp_model::ServiceCidr {
+        name: name.into(),
+        cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+    })
+}
+
 fn seed_events() -> Vec<SourceEvent> {
     vec![
         SourceEvent::ServiceUpsert(svc("nginx-svc", "10.96.138.71", 8080)),
@@ -377,13 +384,54 @@ fn partial_syncs_equal_a_fresh_full_sync() {
                 SourceEvent::ServiceDelete(NamespacedName::new("default", "s1")),
             ],
         ),
+        (
+            "a ServiceCIDR appears",
+            vec![service_cidr(
+                "kubernetes",
+                &["10.96.0.0/12", "fd00:96::/112"],
+            )],
+        ),
+        (
+            "a disjoint ServiceCIDR, one inside the first, and a Service change",
+            vec![
+                service_cidr("extra", &["10.0.200.0/24"]),
+                service_cidr("inner", &["10.96.0.0/16"]),
+                SourceEvent::ServiceUpsert(svc("s3", "10.96.0.103", 82)),
+            ],
+        ),
+        (
+            "the first ServiceCIDR goes",
+            vec![SourceEvent::ServiceCidrDelete("kubernetes".into())],
+        ),
+        (
+            "every ServiceCIDR goes",
+            vec![
+                SourceEvent::ServiceCidrDelete("extra".into()),
+                SourceEvent::ServiceCidrDelete("inner".into()),
+            ],
+        ),
     ];
     for (what, events) in steps {
+        let cidr_step = events.iter().any(|e| {
+            matches!(
+                e,
+                SourceEvent::ServiceCidrUpsert(_) | SourceEvent::ServiceCidrDelete(_)
+            )
+        });
         for e in events {
             t.apply(e);
         }
         let report = sync(&mut p, &mut t);
         assert!(!report.full, "{what}: expected a partial sync");
+        if cidr_step {
+            assert!(
+                p.runner()
+                    .last_payload()
+                    .starts_with("flush chain ip kube-proxy cluster-ips-check\n"),
+                "{what}: {}",
+                p.runner().last_payload()
+            );
+        }
         assert_eq!(
             canonical(&p),
             fresh_listing(&mut t, IpFamily::V4, cfg()),

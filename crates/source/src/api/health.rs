@@ -6,6 +6,13 @@
 //! failed (a transport error, an error status, an `ERROR` event other than the protocol's
 //! `410 Expired` and "Too large resource version", which ask for a relist) is a failure. A
 //! watch stream that ends or breaks is neither: the re-watch that follows says.
+//!
+//! ServiceCIDRs are watched but not part of the summary ([`is_optional`]): an API server
+//! older than 1.33 does not serve `networking.k8s.io/v1` ServiceCIDRs (and a ClusterRole from
+//! before then does not grant them), which only means that nftables mode does not drop
+//! traffic to unallocated ClusterIPs. Their failures are logged here on their own, once when
+//! they start and once when they end (the reflector does not log each retry), as upstream's
+//! informer logs its list errors without failing its health check.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -48,10 +55,11 @@ enum KindHealth {
 }
 
 struct State {
-    kinds: [KindHealth; 3],
+    /// Services, EndpointSlices, Nodes (the summary), ServiceCIDRs (logged only).
+    kinds: [KindHealth; 4],
 }
 
-/// The shared health of the three kinds, published on a watch channel.
+/// The shared health of the four kinds, published on a watch channel.
 #[derive(Clone)]
 pub(crate) struct Health {
     state: Arc<Mutex<State>>,
@@ -63,7 +71,15 @@ fn index(kind: ObjectKind) -> usize {
         ObjectKind::Service => 0,
         ObjectKind::EndpointSlice => 1,
         ObjectKind::Node => 2,
+        ObjectKind::ServiceCidr => 3,
     }
+}
+
+/// Whether a kind is not needed to proxy (ServiceCIDRs): its failures neither disconnect the
+/// source nor are logged by the reflector at each retry; [`Health`] logs when they start and
+/// when they end.
+pub(crate) fn is_optional(kind: ObjectKind) -> bool {
+    kind == ObjectKind::ServiceCidr
 }
 
 impl Health {
@@ -71,6 +87,7 @@ impl Health {
         Health {
             state: Arc::new(Mutex::new(State {
                 kinds: [
+                    KindHealth::Unknown,
                     KindHealth::Unknown,
                     KindHealth::Unknown,
                     KindHealth::Unknown,
@@ -91,6 +108,10 @@ impl Health {
     fn set(&self, kind: ObjectKind, outcome: Result<(), String>) {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let slot = &mut state.kinds[index(kind)];
+        if is_optional(kind) {
+            service_cidr_transition(slot, outcome);
+            return;
+        }
         match (outcome, &*slot) {
             (Ok(()), KindHealth::Ok) => return,
             (Ok(()), KindHealth::Failed { .. }) => {
@@ -114,7 +135,7 @@ impl Health {
                 };
             }
         }
-        let summary = summarize(&state.kinds);
+        let summary = summarize(&state.kinds[..3]);
         self.tx.send_if_modified(|current| {
             if *current == summary {
                 false
@@ -126,7 +147,34 @@ impl Health {
     }
 }
 
-fn summarize(kinds: &[KindHealth; 3]) -> SourceHealth {
+/// Records a ServiceCIDR request's outcome in `slot`, logging when failures start and end.
+fn service_cidr_transition(slot: &mut KindHealth, outcome: Result<(), String>) {
+    match (outcome, &*slot) {
+        (Ok(()), KindHealth::Failed { .. }) => {
+            info!("ServiceCIDRs (networking.k8s.io/v1) are readable again");
+            *slot = KindHealth::Ok;
+        }
+        (Ok(()), _) => *slot = KindHealth::Ok,
+        (Err(error), KindHealth::Failed { since, .. }) => {
+            *slot = KindHealth::Failed {
+                since: *since,
+                error,
+            };
+        }
+        (Err(error), _) => {
+            warn!(
+                %error,
+                "cannot list or watch ServiceCIDRs (networking.k8s.io/v1; served from Kubernetes 1.33, and the ClusterRole must grant list and watch on servicecidrs): retrying; until then nftables mode does not drop traffic to unallocated ClusterIPs, and nothing else is affected"
+            );
+            *slot = KindHealth::Failed {
+                since: Instant::now(),
+                error,
+            };
+        }
+    }
+}
+
+fn summarize(kinds: &[KindHealth]) -> SourceHealth {
     let failed = kinds
         .iter()
         .filter_map(|k| match k {
@@ -196,6 +244,32 @@ mod tests {
             }
         );
         health.probe(ObjectKind::Node).success();
+        assert!(rx.borrow().is_connected());
+    }
+
+    /// ServiceCIDRs that cannot be read (an API server older than 1.33) leave the source
+    /// connected: they are not needed to proxy.
+    #[test]
+    fn service_cidr_failures_do_not_disconnect() {
+        let (tx, rx) = watch::channel(SourceHealth::Connecting);
+        let health = Health::new(tx);
+        health
+            .probe(ObjectKind::ServiceCidr)
+            .failure("ServiceCidr: HTTP 404 Not Found".into());
+        assert_eq!(*rx.borrow(), SourceHealth::Connecting);
+        for kind in [
+            ObjectKind::Service,
+            ObjectKind::EndpointSlice,
+            ObjectKind::Node,
+        ] {
+            health.probe(kind).success();
+        }
+        assert!(rx.borrow().is_connected());
+        health
+            .probe(ObjectKind::ServiceCidr)
+            .failure("still 404".into());
+        assert!(rx.borrow().is_connected());
+        health.probe(ObjectKind::ServiceCidr).success();
         assert!(rx.borrow().is_connected());
     }
 }

@@ -73,7 +73,7 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::backoff::ExponentialBackoff;
-use super::health::Probe;
+use super::health::{Probe, is_optional};
 
 /// What the reflector tells the store.
 #[derive(Debug)]
@@ -344,11 +344,13 @@ fn plural(kind: ObjectKind) -> &'static str {
         ObjectKind::Service => "Services",
         ObjectKind::EndpointSlice => "EndpointSlices",
         ObjectKind::Node => "Nodes",
+        ObjectKind::ServiceCidr => "ServiceCIDRs",
     }
 }
 
 /// The log line of a failed request: `cannot reach the API server URL: OPERATION KINDS:
-/// ERROR; retrying in DELAY` (escaped: the error can quote the server).
+/// ERROR; retrying in DELAY` (escaped: the error can quote the server; a trailing `/` of the
+/// URL is dropped before the `:`).
 pub(crate) fn retry_line(
     server: &str,
     operation: &str,
@@ -359,7 +361,7 @@ pub(crate) fn retry_line(
     let server = if server.is_empty() {
         String::new()
     } else {
-        format!(" {}", kp_model::escape(server))
+        format!(" {}", kp_model::escape(server.trim_end_matches('/')))
     };
     format!(
         "cannot reach the API server{server}: {operation} {}: {}; retrying in {}",
@@ -690,7 +692,12 @@ impl<L: ListerWatcher> Reflector<L> {
         self.probe
             .failure(format!("{:?} {operation}: {error}", self.kind()));
         let line = retry_line(&self.settings.server, operation, self.kind(), error, delay);
-        warn!(kind = ?self.kind(), retry_in = %format_delay(delay), "{line}");
+        if is_optional(self.kind()) {
+            // Logged by the health when the failures start and when they end.
+            debug!(kind = ?self.kind(), retry_in = %format_delay(delay), "{line}");
+        } else {
+            warn!(kind = ?self.kind(), retry_in = %format_delay(delay), "{line}");
+        }
         tokio::time::sleep(delay).await;
     }
 }
@@ -1149,7 +1156,7 @@ mod tests {
         assert_eq!(format_delay(Duration::from_secs(30)), "30s");
         assert_eq!(
             retry_line(
-                "https://10.0.0.1:6443",
+                "https://10.0.0.1:6443/",
                 "watching",
                 ObjectKind::Service,
                 &describe(&unavailable()),

@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
-use kp_model::{EndpointSlice, Escaped, Node, ObjectKind, Service, SourceEvent};
+use kp_model::{EndpointSlice, Escaped, Node, ObjectKind, Service, ServiceCidr, SourceEvent};
 
 use super::ApiObjectError;
 use crate::SourceError;
@@ -38,6 +38,12 @@ impl Model for EndpointSlice {
 impl Model for Node {
     fn upsert(self) -> SourceEvent {
         SourceEvent::NodeUpsert(self)
+    }
+}
+
+impl Model for ServiceCidr {
+    fn upsert(self) -> SourceEvent {
+        SourceEvent::ServiceCidrUpsert(self)
     }
 }
 
@@ -163,7 +169,8 @@ impl<M: Model> Store<M> {
 
     /// The end of a (re)list: the events that turn what was delivered into what was listed
     /// (upserts of new and changed objects, then deletes of vanished ones), followed by
-    /// [`SourceEvent::Synced`] the first time.
+    /// [`SourceEvent::Synced`] the first time (never for ServiceCIDRs, which hold no sync
+    /// back: see [`ObjectKind`]).
     pub(crate) fn list_done(&mut self) -> Vec<SourceEvent> {
         let listed = self.listing.take().unwrap_or_default();
         let mut next: BTreeMap<ObjectKey, Digest> = BTreeMap::new();
@@ -199,7 +206,9 @@ impl<M: Model> Store<M> {
         self.delivered = next;
         if !self.synced {
             self.synced = true;
-            events.push(SourceEvent::Synced(self.kind));
+            if self.kind != ObjectKind::ServiceCidr {
+                events.push(SourceEvent::Synced(self.kind));
+            }
         }
         events
     }

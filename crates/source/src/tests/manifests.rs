@@ -550,3 +550,63 @@ fn detailed_load_tells_what_each_file_defined() {
     assert_eq!(loaded.unreadable, [(missing, 0)]);
     assert!(loaded.files.is_empty() && loaded.directories.is_empty());
 }
+
+/// `kind: ServiceCIDR` (`networking.k8s.io/v1`, also in a `ServiceCIDRList`) loads; what the
+/// API server refuses is an error naming the object and the field, and only that object is
+/// skipped; another `apiVersion` is skipped with a warning, as for the other kinds.
+#[test]
+fn service_cidrs_load_from_manifests() {
+    let text = "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata:\n  name: kubernetes\n\
+                spec:\n  cidrs: [10.96.0.0/12, 'fd00:96::/112']\nstatus:\n  conditions:\n  - type: Ready\n    status: 'True'\n    \
+                lastTransitionTime: '2026-01-01T00:00:00Z'\n    reason: ''\n    message: ''\n\
+                ---\n\
+                apiVersion: networking.k8s.io/v1\nkind: ServiceCIDRList\nitems:\n\
+                - metadata:\n    name: extra\n  spec:\n    cidrs: [10.0.200.1/24]\n\
+                - metadata:\n    name: three\n  spec:\n    cidrs: [10.1.0.0/16, 10.2.0.0/16, 'fd00::/64']\n\
+                - metadata:\n    name: two-v4\n  spec:\n    cidrs: [10.1.0.0/16, 10.2.0.0/16]\n\
+                - metadata:\n    name: bad\n  spec:\n    cidrs: [10.1.0.0/33]\n\
+                ---\n\
+                apiVersion: networking.k8s.io/v1beta1\nkind: ServiceCIDR\nmetadata:\n  name: old\n\
+                spec:\n  cidrs: [10.3.0.0/16]\n";
+    let (set, errors) = parse(text);
+    let cidrs = |name: &str| -> Vec<String> {
+        set.service_cidrs[name]
+            .cidrs
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    };
+    assert_eq!(
+        set.service_cidrs.keys().collect::<Vec<_>>(),
+        ["extra", "kubernetes"]
+    );
+    assert_eq!(cidrs("kubernetes"), ["10.96.0.0/12", "fd00:96::/112"]);
+    // Host bits are cleared, as Go's ParseCIDR does.
+    assert_eq!(cidrs("extra"), ["10.0.200.0/24"]);
+    assert_eq!(
+        errors,
+        [
+            "t.yaml:22: ServiceCIDR three: spec.cidrs: 3 CIDRs listed; at most 2 are allowed (one per IP family)",
+            "t.yaml:26: ServiceCIDR two-v4: spec.cidrs: 10.1.0.0/16 and 10.2.0.0/16 are of the same IP family; at most one CIDR per family is allowed",
+            "t.yaml:30: ServiceCIDR bad: spec.cidrs[0]: \"10.1.0.0/33\" is not a valid CIDR",
+        ]
+    );
+    assert!(set.contains(&ObjectKey::ServiceCidr("extra".into())));
+
+    // Events: an upsert each, no Synced for ServiceCIDRs; a change and a delete.
+    let initial = set.initial_events();
+    assert!(initial.contains(&SourceEvent::ServiceCidrUpsert(
+        set.service_cidrs["kubernetes"].clone()
+    )));
+    assert!(!initial.contains(&SourceEvent::Synced(ObjectKind::ServiceCidr)));
+    let mut newer = set.clone();
+    newer.service_cidrs.remove("kubernetes");
+    assert_eq!(
+        set.diff(&newer),
+        [SourceEvent::ServiceCidrDelete("kubernetes".into())]
+    );
+    assert_eq!(
+        ObjectKey::ServiceCidr("a\nb".into()).to_string(),
+        "ServiceCIDR a\\nb"
+    );
+}

@@ -1,5 +1,5 @@
-//! What the test API server serves besides the list/watch of Services, EndpointSlices and
-//! Nodes: enough of the API for `kubectl apply`, `kubectl get`, `kubectl patch` and
+//! What the test API server serves besides the list/watch of Services, EndpointSlices,
+//! Nodes and ServiceCIDRs: enough of the API for `kubectl apply`, `kubectl get`, `kubectl patch` and
 //! `kubectl label` on the objects a deployment consists of.
 //!
 //! - **Discovery** as a server without aggregated discovery answers it: `/api`, `/api/v1`,
@@ -13,9 +13,10 @@
 //!   (`409 AlreadyExists` when it exists), `PATCH` with a JSON merge patch
 //!   (`application/merge-patch+json`, what `kubectl label` and `kubectl patch --type merge`
 //!   send), `DELETE`. `dryRun=All` on `POST` and `PATCH` answers as if it had stored the
-//!   object and stores nothing (`kubectl apply --dry-run=server`). Services, EndpointSlices
-//!   and Nodes go to the store the watches read (a `PATCH` of a Node reaches its watchers);
-//!   the other kinds are kept here.
+//!   object and stores nothing (`kubectl apply --dry-run=server`). Services, EndpointSlices,
+//!   Nodes and ServiceCIDRs go to the store the watches read (a `PATCH` of a Node reaches its
+//!   watchers); the other kinds are kept here. A kind the test stopped serving
+//!   (`TestApiServer::set_served`) is `404` here too.
 //! - **Strict decoding**, as the real server's `fieldValidation=Strict`: an object is decoded
 //!   into its k8s-openapi type and encoded again, and a field that did not survive is
 //!   answered `400 BadRequest` `strict decoding error: unknown field "spec.x"`; a field of
@@ -81,9 +82,9 @@ const fn res(
     }
 }
 
-/// Every resource served: the three the proxy watches, and what `deploy/` and a kubeadm
+/// Every resource served: the four the proxy watches, and what `deploy/` and a kubeadm
 /// cluster's kube-proxy consist of.
-pub const RESOURCES: [Resource; 10] = [
+pub const RESOURCES: [Resource; 11] = [
     res("", "v1", "services", "Service", true),
     res("", "v1", "nodes", "Node", false),
     res("", "v1", "configmaps", "ConfigMap", true),
@@ -95,6 +96,13 @@ pub const RESOURCES: [Resource; 10] = [
         "endpointslices",
         "EndpointSlice",
         true,
+    ),
+    res(
+        "networking.k8s.io",
+        "v1",
+        "servicecidrs",
+        "ServiceCIDR",
+        false,
     ),
     res("apps", "v1", "daemonsets", "DaemonSet", true),
     res("batch", "v1", "jobs", "Job", true),
@@ -192,6 +200,15 @@ pub(super) fn handle(
     let Some(target) = parse_path(path) else {
         return super::discovery(path);
     };
+    if let Some(kind) = target.resource.watched()
+        && shared.lock().unserved.contains(&kind)
+    {
+        return status(
+            StatusCode::NOT_FOUND,
+            "NotFound",
+            &format!("the server could not find the requested resource ({path})"),
+        );
+    }
     let dry_run = query.get("dryRun").is_some_and(|v| v == "All");
     // Strict unless the client asks for less (the real server's default is `Warn`).
     let lenient = matches!(
@@ -504,7 +521,7 @@ impl Refused {
 /// # Errors
 /// [`Refused`] naming the field.
 pub fn validate(resource: Resource, object: &Value, lenient: bool) -> Result<(), Refused> {
-    use k8s_openapi::api::{apps, batch, core, discovery, rbac};
+    use k8s_openapi::api::{apps, batch, core, discovery, networking, rbac};
     match resource.kind {
         "Service" => strict::<core::v1::Service>(object, lenient),
         "Node" => strict::<core::v1::Node>(object, lenient),
@@ -512,6 +529,7 @@ pub fn validate(resource: Resource, object: &Value, lenient: bool) -> Result<(),
         "ServiceAccount" => strict::<core::v1::ServiceAccount>(object, lenient),
         "Namespace" => strict::<core::v1::Namespace>(object, lenient),
         "EndpointSlice" => strict::<discovery::v1::EndpointSlice>(object, lenient),
+        "ServiceCIDR" => strict::<networking::v1::ServiceCIDR>(object, lenient),
         "DaemonSet" => strict::<apps::v1::DaemonSet>(object, lenient),
         "Job" => strict::<batch::v1::Job>(object, lenient),
         "ClusterRole" => strict::<rbac::v1::ClusterRole>(object, lenient),
@@ -732,7 +750,10 @@ mod tests {
                 },
             },
         });
-        let daemonset = RESOURCES[6];
+        let daemonset = RESOURCES
+            .into_iter()
+            .find(|r| r.kind == "DaemonSet")
+            .unwrap();
         let err = validate(daemonset, &ds, false).unwrap_err();
         validate(daemonset, &ds, true).unwrap();
         assert_eq!(
@@ -815,6 +836,95 @@ mod tests {
             matches!(&again, kube::Error::Api(s) if s.code == 409),
             "{again}"
         );
+    }
+
+    /// `kubectl ARGS` against `server` (plain HTTP, no credentials); (success, stdout,
+    /// stderr).
+    async fn kubectl(server: &str, dir: &std::path::Path, args: &[&str]) -> (bool, String, String) {
+        let kubeconfig = dir.join("config");
+        std::fs::write(
+            &kubeconfig,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: t\n  cluster:\n    server: {server}\n\
+                 users:\n- name: u\n  user: {{}}\ncontexts:\n- name: c\n  context:\n    cluster: t\n    user: u\n\
+                 current-context: c\n"
+            ),
+        )
+        .unwrap();
+        let out = tokio::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--cache-dir")
+            .arg(dir.join("cache"))
+            .args(args)
+            .output()
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot run kubectl (scripts/install-deps installs it): {e}")
+            });
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// `kubectl apply` of a ServiceCIDR stores it where the ServiceCIDR watch reads it
+    /// (`kubectl get servicecidrs` and a kube client's list see it); an unknown field is
+    /// refused, naming it; a server that stopped serving ServiceCIDRs answers `404` to the
+    /// object's path too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kubectl_applies_a_service_cidr() {
+        use super::super::TestApiServer;
+        use k8s_openapi::api::networking::v1::ServiceCIDR;
+        let server = TestApiServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let manifest = dir.path().join("cidr.yaml");
+        std::fs::write(
+            &manifest,
+            "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata:\n  name: extra\n\
+             spec:\n  cidrs: [\"10.200.0.0/24\"]\n",
+        )
+        .unwrap();
+        let file = manifest.to_str().unwrap();
+        let (ok, out, err) = kubectl(&server.url(), dir.path(), &["apply", "-f", file]).await;
+        assert!(ok, "{err}{out}");
+        assert!(
+            out.contains("servicecidr.networking.k8s.io/extra created"),
+            "{out}"
+        );
+
+        let (ok, out, err) = kubectl(
+            &server.url(),
+            dir.path(),
+            &["get", "servicecidrs", "-o", "name"],
+        )
+        .await;
+        assert!(ok, "{err}{out}");
+        assert_eq!(out.trim(), "servicecidr.networking.k8s.io/extra");
+        let api: kube::Api<ServiceCIDR> = kube::Api::all(server.client().unwrap());
+        let listed = api.list(&Default::default()).await.unwrap();
+        let cidrs: Vec<_> = listed
+            .items
+            .iter()
+            .map(|c| c.spec.as_ref().and_then(|s| s.cidrs.clone()))
+            .collect();
+        assert_eq!(cidrs, [Some(vec!["10.200.0.0/24".to_string()])]);
+
+        std::fs::write(
+            &manifest,
+            "apiVersion: networking.k8s.io/v1\nkind: ServiceCIDR\nmetadata:\n  name: typo\n\
+             spec:\n  cidr: [\"10.201.0.0/24\"]\n",
+        )
+        .unwrap();
+        let (ok, out, err) = kubectl(&server.url(), dir.path(), &["apply", "-f", file]).await;
+        assert!(!ok, "{out}");
+        assert!(err.contains("unknown field \"spec.cidr\""), "{err}");
+
+        server.set_served(ApiKind::ServiceCidr, false);
+        let (ok, out, err) =
+            kubectl(&server.url(), dir.path(), &["get", "servicecidr", "extra"]).await;
+        assert!(!ok && err.contains("NotFound"), "{err}{out}");
     }
 
     #[test]

@@ -5,8 +5,8 @@ use std::net::IpAddr;
 
 use kp_model::{
     EndpointConditions, EndpointEntry, EndpointPort, EndpointSlice, IpFamily, NamespacedName, Node,
-    ObjectKind, Protocol, Service, ServicePortName, ServicePortSpec, ServiceType, SliceAddressType,
-    SourceEvent,
+    ObjectKind, Protocol, Service, ServiceCidr, ServicePortName, ServicePortSpec, ServiceType,
+    SliceAddressType, SourceEvent,
 };
 use proptest::prelude::*;
 
@@ -744,6 +744,14 @@ enum DualOp {
     Node {
         zone: u8,
     },
+    ServiceCidr {
+        object: usize,
+        v4: Option<u8>,
+        v6: bool,
+    },
+    DeleteServiceCidr {
+        object: usize,
+    },
 }
 
 fn dual_op() -> impl Strategy<Value = DualOp> {
@@ -768,6 +776,9 @@ fn dual_op() -> impl Strategy<Value = DualOp> {
             }),
         (0..6usize).prop_map(|slice| DualOp::DeleteSlice { slice }),
         (0..2u8).prop_map(|zone| DualOp::Node { zone }),
+        (0..3usize, prop::option::of(12..17u8), any::<bool>())
+            .prop_map(|(object, v4, v6)| DualOp::ServiceCidr { object, v4, v6 }),
+        (0..3usize).prop_map(|object| DualOp::DeleteServiceCidr { object }),
     ]
 }
 
@@ -826,6 +837,27 @@ fn dual_event(op: &DualOp) -> SourceEvent {
             n.labels
                 .insert("topology.kubernetes.io/zone".into(), format!("z{zone}"));
             SourceEvent::NodeUpsert(n)
+        }
+        DualOp::ServiceCidr { object, v4, v6 } => {
+            let mut cidrs = Vec::new();
+            if let Some(len) = v4 {
+                cidrs.push(
+                    format!("10.96.0.0/{len}")
+                        .parse::<ipnet::IpNet>()
+                        .unwrap()
+                        .trunc(),
+                );
+            }
+            if *v6 {
+                cidrs.push("fd00:96::/112".parse().unwrap());
+            }
+            SourceEvent::ServiceCidrUpsert(ServiceCidr {
+                name: format!("cidr{object}"),
+                cidrs,
+            })
+        }
+        DualOp::DeleteServiceCidr { object } => {
+            SourceEvent::ServiceCidrDelete(format!("cidr{object}"))
         }
     }
 }
@@ -906,4 +938,67 @@ fn split_by_family_sends_each_object_whole_only_where_it_is_kept() {
             SourceEvent::Synced(ObjectKind::Service),
         ]
     );
+}
+
+fn service_cidr(name: &str, cidrs: &[&str]) -> SourceEvent {
+    SourceEvent::ServiceCidrUpsert(ServiceCidr {
+        name: name.into(),
+        cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+    })
+}
+
+fn cidrs(t: &mut Tracker) -> Vec<String> {
+    t.checkout()
+        .0
+        .service_cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
+
+/// ServiceCIDRs: each family's tracker carries the CIDRs of its family, once, without those
+/// another one contains; a change that leaves the union as it was asks for no sync; they
+/// never hold back initialization.
+#[test]
+fn service_cidrs_are_tracked_per_family_as_a_union() {
+    let mut v4 = Tracker::new(IpFamily::V4, "n1");
+    let mut v6 = Tracker::new(IpFamily::V6, "n1");
+    let dual = service_cidr("kubernetes", &["10.96.0.0/12", "fd00:96::/112"]);
+    assert!(v4.apply(dual.clone()));
+    assert!(v6.apply(dual.clone()));
+    assert!(v4.has_pending_changes());
+    assert!(
+        !v4.is_initialized(),
+        "ServiceCIDRs do not initialize a tracker"
+    );
+    synced(&mut v4);
+    synced(&mut v6);
+    assert_eq!(cidrs(&mut v4), ["10.96.0.0/12"]);
+    assert_eq!(cidrs(&mut v6), ["fd00:96::/112"]);
+    assert!(!v4.apply(dual), "the same object again changes nothing");
+    assert!(!v4.has_pending_changes());
+
+    // A second range inside the first: the union is the same.
+    assert!(!v4.apply(service_cidr("inner", &["10.96.0.0/16"])));
+    // A disjoint one is added, in address order; the IPv6 tracker does not care.
+    let extra = service_cidr("extra", &["10.0.200.0/24"]);
+    assert!(v4.apply(extra.clone()));
+    assert!(!v6.apply(extra));
+    assert_eq!(cidrs(&mut v4), ["10.0.200.0/24", "10.96.0.0/12"]);
+    // The outer range goes: the inner one shows.
+    assert!(v4.apply(SourceEvent::ServiceCidrDelete("kubernetes".into())));
+    assert_eq!(cidrs(&mut v4), ["10.0.200.0/24", "10.96.0.0/16"]);
+    // A change undone before the checkout: the undoing asks for nothing, and the snapshot
+    // stays as it was.
+    assert!(v4.apply(SourceEvent::ServiceCidrDelete("extra".into())));
+    assert!(!v4.apply(service_cidr("extra", &["10.0.200.0/24"])));
+    let (snap, changes) = v4.checkout();
+    assert!(changes.is_empty());
+    assert_eq!(snap.service_cidrs.len(), 2);
+    assert!(!v4.apply(SourceEvent::ServiceCidrDelete("missing".into())));
+    // Deleting everything empties the list.
+    for name in ["inner", "extra"] {
+        v4.apply(SourceEvent::ServiceCidrDelete(name.into()));
+    }
+    assert!(cidrs(&mut v4).is_empty());
 }

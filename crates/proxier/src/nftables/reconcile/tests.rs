@@ -252,3 +252,53 @@ fn the_state_shares_its_texts_and_keeps_one_claim_per_unshared_element() {
         .unwrap();
     assert!(fp.chains.iter().any(|c| Arc::ptr_eq(c, &goto)), "{goto}");
 }
+
+/// A change of the Service CIDRs alone is a partial sync that rewrites `cluster-ips-check`
+/// and nothing else, and leaves the state a full sync of the new Service CIDRs would have.
+#[test]
+fn a_service_cidr_change_rewrites_cluster_ips_check_only() {
+    let s = snap(vec![web(&["10.0.2.1"])]);
+    let mut state = full(&s);
+    assert!(state.service_cidrs().is_empty());
+    let with = |cidrs: &[&str]| RenderConfig {
+        service_cidrs: cidrs.iter().map(|c| c.parse().unwrap()).collect(),
+        ..RenderConfig::default()
+    };
+    let none = BTreeSet::new();
+    let step = |cfg: &RenderConfig, state: &mut State| {
+        let rendered = render(&s, cfg, Some(&none));
+        partial_payload(IpFamily::V4, cfg, &rendered, &none, state).0
+    };
+    let two = with(&["10.0.200.0/24", "10.96.0.0/12"]);
+    assert_eq!(fixed_fingerprint(IpFamily::V4, &two), state.fixed());
+    assert_eq!(
+        step(&two, &mut state),
+        "flush chain ip kube-proxy cluster-ips-check\n\
+         table ip kube-proxy {\n\
+         \tchain cluster-ips-check {\n\
+         \t\tip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"\n\
+         \t\tip daddr { 10.0.200.0/24, 10.96.0.0/12 } drop comment \"Drop traffic to unallocated ClusterIPs\"\n\
+         \t}\n\
+         }\n"
+    );
+    let fresh = |cfg: &RenderConfig| {
+        full_payload(
+            IpFamily::V4,
+            cfg,
+            &render(&s, cfg, None),
+            &TableObjects::default(),
+        )
+        .1
+    };
+    assert_eq!(state, fresh(&two));
+    // The same Service CIDRs again: nothing to send.
+    assert_eq!(step(&two, &mut state), "");
+    // All of them gone: only the reject rule stays.
+    let payload = step(&RenderConfig::default(), &mut state);
+    assert!(
+        payload.starts_with("flush chain ip kube-proxy cluster-ips-check\n"),
+        "{payload}"
+    );
+    assert!(!payload.contains("drop"), "{payload}");
+    assert_eq!(state, fresh(&RenderConfig::default()));
+}

@@ -127,10 +127,22 @@ fn every_feature_payload() {
             "127.0.0.1".parse().unwrap(),
             "192.168.56.10".parse().unwrap(),
         ]),
+        service_cidrs: vec![
+            "10.96.0.0/12".parse().unwrap(),
+            "172.30.0.0/16".parse().unwrap(),
+        ],
         ..RenderConfig::default()
     };
     let payload = fresh(IpFamily::V4, &every_feature(), &cfg);
     insta::assert_snapshot!("every_feature", payload);
+    // Upstream's drop of unallocated ClusterIPs, after the reject of unused ports.
+    assert!(payload.contains(
+        "	chain cluster-ips-check {
+		ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\"
+		ip daddr { 10.96.0.0/12, 172.30.0.0/16 } drop comment \"Drop traffic to unallocated ClusterIPs\"
+	}
+"
+    ));
     // Loopback is never a NodePort address in nftables mode.
     assert!(payload.contains("add element ip kube-proxy nodeport-ips {\n\t192.168.56.10\n}\n"));
     assert!(payload.contains("iifname \"veth*\" goto service-"));
@@ -159,10 +171,14 @@ fn ipv6_payload_with_masquerade_all() {
     );
     let cfg = RenderConfig {
         masquerade_all: true,
+        service_cidrs: vec!["fd00:96::/112".parse().unwrap()],
         ..RenderConfig::default()
     };
     let payload = fresh(IpFamily::V6, &s, &cfg);
     insta::assert_snapshot!("ipv6", payload);
+    assert!(payload.contains(
+        "ip6 daddr { fd00:96::/112 } drop comment \"Drop traffic to unallocated ClusterIPs\""
+    ));
     assert!(payload.contains("meta l4proto udp dnat to [fd00:10:1::4]:5353"));
     assert!(payload.contains(
         "fib daddr type local ip6 daddr != ::1 meta l4proto . th dport vmap @service-nodeports"
@@ -377,5 +393,21 @@ fn rendering_one_service_at_a_time_gives_the_render_of_all() {
             .chains
             .iter()
             .any(|c| c.name.contains("/udp/dns"))
+    );
+}
+
+/// Before any ServiceCIDR is known, `cluster-ips-check` only rejects unused ports of active
+/// ClusterIPs (upstream adds the drop rule only once it has Service CIDRs).
+#[test]
+fn without_service_cidrs_cluster_ips_check_only_rejects() {
+    let rules = cluster_ips_check(IpFamily::V4, &RenderConfig::default());
+    assert_eq!(
+        rules,
+        ["ip daddr @cluster-ips reject comment \"Reject traffic to invalid ports of ClusterIPs\""]
+    );
+    let payload = fresh(IpFamily::V4, &seed(), &cluster_cidr());
+    assert!(
+        !payload.contains("drop comment \"Drop traffic"),
+        "{payload}"
     );
 }
