@@ -471,12 +471,17 @@ pub async fn connect(
     })
 }
 
-/// The URL of `config`'s API server as the client uses it (`https://10.0.0.1:6443/`), as
-/// the start-up line (`API server https://10.0.0.1:6443/ (from --kubeconfig ...)`) and the
-/// one-shot runs' give-up line name it; the retry lines of [`ApiSource::with_server`] drop
-/// the trailing `/` (`cannot reach the API server https://10.0.0.1:6443: watching ...`).
+/// The URL of `config`'s API server without a trailing `/` (`https://10.0.0.1:6443`), as
+/// every message names it: the start-up line (`API server https://10.0.0.1:6443 (from
+/// --kubeconfig ...)`), the one-shot runs' give-up line and the retry lines of
+/// [`ApiSource::with_server`] (`cannot reach the API server https://10.0.0.1:6443: watching
+/// ...`).
 pub fn server_url(config: &kube::Config) -> String {
-    config.cluster_url.to_string()
+    config
+        .cluster_url
+        .to_string()
+        .trim_end_matches('/')
+        .to_string()
 }
 
 /// The kube configuration [`connect`] builds its client from, and where its server came
