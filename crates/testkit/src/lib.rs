@@ -18,6 +18,9 @@
 //! * [`pod`]: [`pod::PodFiles`], files at a pod's fixed paths (a ConfigMap volume, the
 //!   service-account token) for one process in a namespace, through overlays in its own
 //!   mount namespace; the machine's file system is not changed.
+//! * [`kubelet`]: what a kubelet does for a DaemonSet's pod without a container runtime:
+//!   whether it goes on a node ([`kubelet::schedules`]) and its process with its command,
+//!   environment and files ([`kubelet::Pod`]); [`kubeadm`]: kubeadm's kube-proxy objects.
 //! * [`vm`]: a qemu guest with Debian's kernel for what this kernel lacks (IPVS, dummy
 //!   links): [`vm::GuestCommand`] runs one command in it, [`vm::run_tests`] is the `main` of
 //!   a `harness = false` test target that runs its trials there (docs/vm.md).
@@ -54,6 +57,8 @@ pub mod client;
 pub mod conformance;
 pub mod error;
 pub mod golden;
+pub mod kubeadm;
+pub mod kubelet;
 pub mod netns;
 pub mod pod;
 pub mod process;
