@@ -53,6 +53,11 @@
 //! `kubectl apply --validate=false`, `get`, `label` and `patch --type merge`
 //! ([`objects::RESOURCES`]).
 //!
+//! [`TestApiServer::start_on`] serves the same objects on listeners the caller bound, each in
+//! the network namespace it was bound in (the root namespace's loopback for `kubectl`, a node
+//! network for the nodes); [`TestApiServer::apply_value`] loads objects of any served kind, as
+//! a `kubectl create` would store them.
+//!
 //! [`TestApiServer::start_with`] adds what a real cluster's clients meet
 //! ([`ApiServerOptions`]): HTTPS with a certificate signed by a test CA ([`TestCerts`]), and
 //! a bearer token every request but `/version`, `/healthz`, `/readyz` and `/livez` must
@@ -284,10 +289,10 @@ impl Backup {
 /// The test API server; see the module documentation. Dropping it stops accepting
 /// connections and breaks every open watch.
 pub struct TestApiServer {
-    addr: SocketAddr,
+    addrs: Vec<SocketAddr>,
     https: bool,
     shared: Arc<Shared>,
-    task: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 /// Identity of a stored object.
@@ -548,9 +553,30 @@ impl TestApiServer {
     /// [`ApiServerError::Io`] when the listener cannot be bound, [`ApiServerError::Tls`]
     /// when the certificates cannot be loaded.
     pub async fn start_with(options: ApiServerOptions) -> Result<TestApiServer, ApiServerError> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        TestApiServer::start_on(vec![listener], options).await
+    }
+
+    /// Starts the server on bound `listeners` (at least one), serving the same objects on
+    /// each, as `options` say. A listener serves in the network namespace it was bound in
+    /// (bind it from a thread inside a [`crate::Netns`]), so one server can answer in the
+    /// root namespace's loopback and on a node network. [`TestApiServer::url`] names the
+    /// first.
+    ///
+    /// # Errors
+    /// [`ApiServerError::Io`] when a listener cannot be used (or none is given),
+    /// [`ApiServerError::Tls`] when the certificates cannot be loaded.
+    pub async fn start_on(
+        listeners: Vec<std::net::TcpListener>,
+        options: ApiServerOptions,
+    ) -> Result<TestApiServer, ApiServerError> {
+        if listeners.is_empty() {
+            return Err(ApiServerError::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no listener to serve on",
+            )));
+        }
         let acceptor = options.tls.as_ref().map(TestCerts::acceptor).transpose()?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
         let (events, _) = broadcast::channel(4096);
         let shared = Arc::new(Shared {
             store: Mutex::new(Store {
@@ -565,38 +591,57 @@ impl TestApiServer {
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
         let https = acceptor.is_some();
-        let task = match acceptor {
-            // TLS connections close as tokio-rustls closes them (no reset_connections).
-            Some(acceptor) => tokio::spawn(tls::serve(listener, acceptor, app)),
-            None => {
-                let listener = ResettingListener {
-                    inner: listener,
-                    generation: shared.reset_generation.clone(),
-                };
-                tokio::spawn(async move {
-                    if let Err(e) = axum::serve(listener, app).await {
-                        tracing::warn!(error = %e, "test API server stopped");
-                    }
-                })
-            }
-        };
+        let mut addrs = Vec::new();
+        let mut tasks = Vec::new();
+        for listener in listeners {
+            listener.set_nonblocking(true)?;
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            addrs.push(listener.local_addr()?);
+            let app = app.clone();
+            tasks.push(match &acceptor {
+                // TLS connections close as tokio-rustls closes them (no reset_connections).
+                Some(acceptor) => tokio::spawn(tls::serve(listener, acceptor.clone(), app)),
+                None => {
+                    let listener = ResettingListener {
+                        inner: listener,
+                        generation: shared.reset_generation.clone(),
+                    };
+                    tokio::spawn(async move {
+                        if let Err(e) = axum::serve(listener, app).await {
+                            tracing::warn!(error = %e, "test API server stopped");
+                        }
+                    })
+                }
+            });
+        }
         Ok(TestApiServer {
-            addr,
+            addrs,
             https,
             shared,
-            task,
+            tasks,
         })
     }
 
-    /// The base URL, `http://127.0.0.1:PORT` (`https://` when serving TLS).
+    /// The base URL, `http://127.0.0.1:PORT` (`https://` when serving TLS), of the first
+    /// listener.
     pub fn url(&self) -> String {
-        let scheme = if self.https { "https" } else { "http" };
-        format!("{scheme}://{}", self.addr)
+        self.url_of(self.addrs[0])
     }
 
-    /// The address the server listens on.
+    /// The base URL of the server at `addr` (one of [`TestApiServer::addrs`]).
+    pub fn url_of(&self, addr: SocketAddr) -> String {
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{addr}")
+    }
+
+    /// The address the server listens on (the first listener's).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.addrs[0]
+    }
+
+    /// Every address the server listens on, in the order of the listeners given.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
     }
 
     /// A kube client for this server (`kube::Config::new(url)`: plain HTTP, no auth), with
@@ -643,6 +688,20 @@ impl TestApiServer {
     /// `metadata.name`; [`ApiServerError::UnknownKind`] for another kind.
     pub fn upsert_value(&self, object: Value) -> Result<u64, ApiServerError> {
         self.shared.upsert(object)
+    }
+
+    /// Stores an object of any kind the server serves ([`RESOURCES`]: ConfigMaps,
+    /// DaemonSets, ServiceAccounts, ... as well as the watched kinds), found by its
+    /// `apiVersion` and `kind`, after the strict validation a `kubectl create` meets; a
+    /// namespaced object without `metadata.namespace` goes to `default`. An existing object
+    /// of that name is replaced. This is how a test (or the `test-cluster` tool) loads what a
+    /// cluster already holds before the commands under test run.
+    ///
+    /// # Errors
+    /// [`ApiServerError::BadObject`] with the server's message: an unknown kind, no name, a
+    /// field the kind does not have (naming it).
+    pub fn apply_value(&self, object: Value) -> Result<(), ApiServerError> {
+        objects::apply(&self.shared, object).map_err(ApiServerError::BadObject)
     }
 
     /// Deletes an object (`namespace` is ignored for Nodes). Open watches see `DELETED`
@@ -794,7 +853,9 @@ impl TestApiServer {
 impl Drop for TestApiServer {
     fn drop(&mut self) {
         let _ = self.shared.events.send(Msg::Drop);
-        self.task.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
 }
 

@@ -73,6 +73,6 @@ pub use client::{
 pub use error::{Error, Result};
 pub use netns::{
     BackendPod, ClientHost, FamilyPlan, Netns, Topology, TopologyBuilder, add_address, add_route,
-    add_route_dev, cleanup_stale, link, list_namespaces, require_root, veth,
+    add_route_dev, cleanup_stale, delete_namespace, link, list_namespaces, require_root, veth,
 };
 pub use process::{ChildGuard, wait_for};

@@ -359,6 +359,28 @@ fn cleanup(prefix: &str, include_own: bool) -> Result<Vec<String>> {
     Ok(removed)
 }
 
+/// Deletes the namespace `name` created by [`Netns::new`] in another process (one that
+/// exited without dropping it, e.g. killed): kills (SIGKILL) every process still inside it,
+/// then `ip netns del`. A namespace that does not exist is not an error.
+///
+/// # Errors
+/// [`Error::Invalid`] for a name [`Netns::new`] would not have made (anything not shaped
+/// `kp<pid>x<counter>-<role>`: this never deletes a namespace this crate did not create);
+/// [`Error::Command`] when `ip netns del` fails.
+pub fn delete_namespace(name: &str) -> Result<()> {
+    if parse_owner_pid(NAME_PREFIX, name).is_none() {
+        return Err(Error::invalid(
+            "namespace name",
+            format!("{name:?} was not made by kp-testkit (kp<pid>x<counter>-<role>)"),
+        ));
+    }
+    if !std::path::Path::new(NETNS_DIR).join(name).exists() {
+        return Ok(());
+    }
+    kill_processes_in(name);
+    run_checked(Command::new("ip").args(["netns", "del", name])).map(drop)
+}
+
 /// The pid in a name `<prefix><pid>x<counter>-<role>`, if the name has that shape.
 fn parse_owner_pid(prefix: &str, name: &str) -> Option<u32> {
     let rest = name.strip_prefix(prefix)?;
