@@ -859,6 +859,31 @@ impl Drop for TestApiServer {
     }
 }
 
+/// `t` as RFC 3339 in UTC, to the second (`2026-12-06T05:41:36Z`), as the API server
+/// writes timestamps (`metadata.creationTimestamp` of what it stores).
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's days-to-civil, for days since 1970-01-01.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 /// A `Status` response.
 fn status(code: StatusCode, reason: &str, message: &str) -> Response {
     let body = status_json(code.as_u16(), reason, message);
@@ -1691,6 +1716,14 @@ fn parse_field(part: &str) -> Result<FieldRequirement, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        let at = |s: u64| rfc3339(std::time::UNIX_EPOCH + Duration::from_secs(s));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(at(1_796_535_696), "2026-12-06T05:41:36Z");
+    }
 
     fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs

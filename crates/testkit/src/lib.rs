@@ -21,6 +21,10 @@
 //! * [`kubelet`]: what a kubelet does for a DaemonSet's pod without a container runtime:
 //!   whether it goes on a node ([`kubelet::schedules`]) and its process with its command,
 //!   environment and files ([`kubelet::Pod`]); [`kubeadm`]: kubeadm's kube-proxy objects.
+//! * `cluster` (feature `cluster`, on by default, off where other crates depend on this
+//!   one): the `test-cluster` tool, a kubeadm cluster simulated in network namespaces for
+//!   walking docs/deploy.md's migration (`cargo run -p kp-testkit --bin test-cluster --
+//!   --help`).
 //! * [`vm`]: a qemu guest with Debian's kernel for what this kernel lacks (IPVS, dummy
 //!   links): [`vm::GuestCommand`] runs one command in it, [`vm::run_tests`] is the `main` of
 //!   a `harness = false` test target that runs its trials there (docs/vm.md).
@@ -54,6 +58,8 @@ pub mod apiserver;
 pub mod backend;
 pub mod builders;
 pub mod client;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod conformance;
 pub mod error;
 pub mod golden;

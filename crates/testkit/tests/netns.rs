@@ -482,11 +482,18 @@ fn delete_namespace_removes_a_left_namespace_and_its_processes() {
     let mut sleeper = ns.command("sleep").arg("600").spawn().unwrap();
     std::mem::forget(ns);
     assert!(exists(&name));
+    // A handle attached to it works there and deletes nothing when dropped.
+    let attached = Netns::attach(&name).unwrap();
+    assert_eq!(attached.role(), "left");
+    assert!(attached.ip(["link", "show", "lo"]).unwrap().contains("UP"));
+    drop(attached);
+    assert!(exists(&name));
     delete_namespace(&name).unwrap();
     assert!(!exists(&name));
     let status = sleeper.wait().unwrap();
     assert!(!status.success(), "killed: {status}");
     delete_namespace(&name).unwrap();
+    assert!(Netns::attach(&name).is_err());
     let err = delete_namespace("cni-1234").unwrap_err().to_string();
     assert!(err.contains("not made by kp-testkit"), "{err}");
 }

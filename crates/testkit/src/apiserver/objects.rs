@@ -495,7 +495,7 @@ fn store_object(
             old_uid.unwrap_or_else(|| format!("uid-{rv}").into()),
         );
         meta.entry("creationTimestamp")
-            .or_insert_with(|| "2026-01-01T00:00:00Z".into());
+            .or_insert_with(|| super::rfc3339(std::time::SystemTime::now()).into());
     }
     if !dry_run {
         store.rv = rv;
@@ -656,6 +656,19 @@ fn lost_field(input: &Value, output: &Value, at: &str) -> Option<String> {
 }
 
 /// The discovery documents of the served groups, or `None` for other paths.
+/// The real server's short name for a resource (`kubectl get ds`).
+fn short_name(plural: &str) -> Option<&'static str> {
+    Some(match plural {
+        "services" => "svc",
+        "nodes" => "no",
+        "configmaps" => "cm",
+        "serviceaccounts" => "sa",
+        "namespaces" => "ns",
+        "daemonsets" => "ds",
+        _ => return None,
+    })
+}
+
 fn discovery(path: &str) -> Option<Value> {
     let path = path.trim_end_matches('/');
     let resource_list = |group: &str, version: &str| {
@@ -663,13 +676,17 @@ fn discovery(path: &str) -> Option<Value> {
             .iter()
             .filter(|r| r.group == group && r.version == version)
             .map(|r| {
-                json!({
+                let mut doc = json!({
                     "name": r.plural,
                     "singularName": r.kind.to_lowercase(),
                     "namespaced": r.namespaced,
                     "kind": r.kind,
                     "verbs": ["create", "delete", "get", "list", "patch", "watch"],
-                })
+                });
+                if let Some(short) = short_name(r.plural) {
+                    doc["shortNames"] = json!([short]);
+                }
+                doc
             })
             .collect();
         let group_version = if group.is_empty() {
