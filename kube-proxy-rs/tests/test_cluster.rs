@@ -355,7 +355,8 @@ fn walk_up_cluster(sh: &Shell, cluster: &Path) -> Vec<u32> {
     );
     assert!(!process_alive(canary_pid), "the canary's pod is stopped");
 
-    // Another canary, left running for `down` to stop.
+    // Another canary: a ConfigMap edit restarts its pod at the next pass; --stop stops it;
+    // the last one is left running for `down` to stop.
     sh.block("canary", cluster, &[("CANARY", "worker-2")]);
     let out = sh.block("test-cluster-kubelet", cluster, &[("CANARY", "worker-2")]);
     contains(
@@ -363,7 +364,56 @@ fn walk_up_cluster(sh: &Shell, cluster: &Path) -> Vec<u32> {
         "kube-system/kube-proxy-rs on worker-2: Ready after",
         "worker-2",
     );
-    vec![canary_pid, pod_pid(cluster, "worker-2", "kube-proxy-rs")]
+    let first = pod_pid(cluster, "worker-2", "kube-proxy-rs");
+    sh.script(
+        "kubectl -n kube-system patch configmap kube-proxy-rs --type merge -p '{\"data\":{\"note\":\"edited\"}}'",
+        cluster,
+        &[],
+    );
+    let out = sh.block("test-cluster-kubelet", cluster, &[("CANARY", "worker-2")]);
+    contains(
+        &out,
+        &format!(
+            "kube-system/kube-proxy-rs on worker-2: stopped (pid {first}) (its DaemonSet, \
+             ConfigMaps or binary changed; starting it again)"
+        ),
+        "a pass after a ConfigMap edit",
+    );
+    contains(
+        &out,
+        "kube-system/kube-proxy-rs on worker-2: Ready after",
+        "the restart",
+    );
+    let second = pod_pid(cluster, "worker-2", "kube-proxy-rs");
+    assert!(second != first && !process_alive(first));
+    assert!(
+        cluster
+            .join("logs/worker-2-kube-proxy-rs.previous.log")
+            .exists()
+    );
+    let out = sh.script(
+        "test-cluster kubelet \"$CLUSTER\" worker-2 --stop",
+        cluster,
+        &[],
+    );
+    contains(
+        &out,
+        &format!("kube-system/kube-proxy-rs on worker-2: stopped (pid {second})"),
+        "--stop",
+    );
+    assert!(!process_alive(second));
+    let out = sh.block("test-cluster-kubelet", cluster, &[("CANARY", "worker-2")]);
+    contains(
+        &out,
+        "kube-system/kube-proxy-rs: started on worker-2",
+        "after --stop",
+    );
+    vec![
+        canary_pid,
+        first,
+        second,
+        pod_pid(cluster, "worker-2", "kube-proxy-rs"),
+    ]
 }
 
 /// `up` in the foreground, a pod running, SIGINT (what Ctrl-C sends): the daemon stops the
