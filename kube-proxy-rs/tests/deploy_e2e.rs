@@ -4,7 +4,8 @@
 //! and the daemon runs in a network namespace as the applied DaemonSet's pod would: its
 //! command, its environment (with the kubelet's `KUBERNETES_SERVICE_*` pointing at an
 //! unreachable ClusterIP), the ConfigMap's files at the volume's mount path and the service
-//! account's token and CA at their paths ([`PodFiles`]). The only substitutions are the ones a
+//! account's token and CA at their paths (kp-testkit's `kubelet::Pod`, which the
+//! `test-cluster` tool's kubelet runs too). The only substitutions are the ones a
 //! real pod would get differently: the binary's path, and the server address kubeadm wrote
 //! into its kubeconfig (the test server's).
 //!
@@ -19,8 +20,12 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PodSpec};
 use kp_testkit::apiserver::{ApiKind, ApiServerOptions, TestApiServer, TestCerts};
 use kp_testkit::golden::SEED_CLUSTER;
+use kp_testkit::kubeadm::kube_proxy_objects;
+use kp_testkit::kubelet::{Pod, PodContext, SERVICE_ACCOUNT_DIR, ServiceAccountFiles, schedules};
 use kp_testkit::pod::PodFiles;
 use kp_testkit::{ChildGuard, Netns, require_root};
 use serde_json::Value;
@@ -181,149 +186,15 @@ fn doc_block(tag: &str) -> String {
     block.join("\n") + "\n"
 }
 
-/// kubeadm's `kube-system/kube-proxy` ConfigMap and DaemonSet as kubeadm renders them
-/// (cmd/kubeadm/app/phases/addons/proxy/manifests.go; the ConfigMap's `config.conf` is a
-/// kubeadm 1.32 cluster's, `tests/data/kubeadm-config.conf`), for the control plane at
-/// `server`.
-fn kubeadm_objects(server: &str) -> String {
-    let config = read(&repo().join("kube-proxy-rs/tests/data/kubeadm-config.conf"));
-    let config: String = config.lines().map(|l| format!("    {l}\n")).collect();
-    format!(
-        r#"kind: ConfigMap
-apiVersion: v1
-metadata:
-  name: kube-proxy
-  namespace: kube-system
-  labels:
-    app: kube-proxy
-data:
-  kubeconfig.conf: |-
-    apiVersion: v1
-    kind: Config
-    clusters:
-    - cluster:
-        certificate-authority: /var/run/secrets/kubernetes.io/serviceaccount/ca.crt
-        server: {server}
-      name: default
-    contexts:
-    - context:
-        cluster: default
-        namespace: default
-        user: default
-      name: default
-    current-context: default
-    users:
-    - name: default
-      user:
-        tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
-  config.conf: |-
-{config}---
-apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  labels:
-    k8s-app: kube-proxy
-  name: kube-proxy
-  namespace: kube-system
-spec:
-  selector:
-    matchLabels:
-      k8s-app: kube-proxy
-  updateStrategy:
-    type: RollingUpdate
-  template:
-    metadata:
-      labels:
-        k8s-app: kube-proxy
-    spec:
-      priorityClassName: system-node-critical
-      containers:
-      - name: kube-proxy
-        image: registry.k8s.io/kube-proxy:v1.32.4
-        imagePullPolicy: IfNotPresent
-        command:
-        - /usr/local/bin/kube-proxy
-        - --config=/var/lib/kube-proxy/config.conf
-        - --hostname-override=$(NODE_NAME)
-        securityContext:
-          privileged: true
-        volumeMounts:
-        - mountPath: /var/lib/kube-proxy
-          name: kube-proxy
-        - mountPath: /run/xtables.lock
-          name: xtables-lock
-          readOnly: false
-        - mountPath: /lib/modules
-          name: lib-modules
-          readOnly: true
-        env:
-          - name: NODE_NAME
-            valueFrom:
-              fieldRef:
-                fieldPath: spec.nodeName
-      hostNetwork: true
-      serviceAccountName: kube-proxy
-      volumes:
-      - name: kube-proxy
-        configMap:
-          name: kube-proxy
-      - name: xtables-lock
-        hostPath:
-          path: /run/xtables.lock
-          type: FileOrCreate
-      - name: lib-modules
-        hostPath:
-          path: /lib/modules
-      tolerations:
-      - key: CriticalAddonsOnly
-        operator: Exists
-      - operator: Exists
-      nodeSelector:
-        kubernetes.io/os: linux
-"#
-    )
-}
-
-/// Whether the scheduler would put `ds`'s pod on `node`: its `nodeSelector` and its
-/// required node affinity (`In`, `NotIn`, `Exists`, `DoesNotExist`; terms ORed, expressions
-/// ANDed), as the DaemonSet controller decides.
-fn schedules(ds: &Value, node: &Value) -> bool {
-    let spec = &ds["spec"]["template"]["spec"];
-    let labels = node["metadata"]["labels"].as_object();
-    let label = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
-    if let Some(selector) = spec["nodeSelector"].as_object()
-        && selector.iter().any(|(k, v)| label(k) != v.as_str())
-    {
-        return false;
-    }
-    let Some(terms) = spec
-        .pointer("/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
-        .and_then(Value::as_array)
-    else {
-        return true;
-    };
-    terms.iter().any(|term| {
-        term["matchExpressions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .all(|e| {
-                let value = label(e["key"].as_str().unwrap());
-                let values: Vec<&str> = e["values"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_str)
-                    .collect();
-                match e["operator"].as_str().unwrap() {
-                    "In" => value.is_some_and(|v| values.contains(&v)),
-                    "NotIn" => value.is_none_or(|v| !values.contains(&v)),
-                    "Exists" => value.is_some(),
-                    "DoesNotExist" => value.is_none(),
-                    op => panic!("operator {op}"),
-                }
-            })
-    })
+/// `ds`'s pod template, typed.
+fn template(ds: &Value) -> PodSpec {
+    serde_json::from_value::<DaemonSet>(ds.clone())
+        .unwrap()
+        .spec
+        .unwrap()
+        .template
+        .spec
+        .unwrap()
 }
 
 /// Which proxy each node would run: node name → DaemonSet names.
@@ -337,7 +208,10 @@ fn placement(kubectl: &Kubectl) -> BTreeMap<String, Vec<String>> {
             .as_array()
             .unwrap()
             .iter()
-            .filter(|ds| schedules(ds, node))
+            .filter(|ds| {
+                let node: Node = serde_json::from_value(node.clone()).unwrap();
+                schedules(&template(ds), &node).unwrap()
+            })
             .map(|ds| ds["metadata"]["name"].as_str().unwrap().to_string())
             .collect();
         out.insert(name, on);
@@ -361,124 +235,45 @@ fn expect_placement(kubectl: &Kubectl, master: &[&str], worker: &[&str], when: &
     assert_eq!(got, want, "which DaemonSet runs where, {when}");
 }
 
-/// The pod's view of a container of `pod_spec`: its command (`$(VAR)` expanded, the binary
-/// replaced by the one under test), its environment (the kubelet's, then the container's),
-/// and its ConfigMap volumes' and service account's files.
-struct Pod {
-    files: PodFiles,
-    args: Vec<String>,
-    env: Vec<(String, String)>,
-}
-
-/// The pod of `pod_spec` on node `node`, with the ConfigMaps of `kubectl`'s server.
+/// The pod of `pod_spec` on node `node`, with the ConfigMaps of `kubectl`'s server, as the
+/// kubelet would run it; its program is the image's binary.
 fn pod(
     kubectl: &Kubectl,
-    pod_spec: &Value,
+    pod_spec: &PodSpec,
     node: &str,
     dir: &Path,
     ca: &Path,
     kubelet_env: &[(&str, &str)],
 ) -> Pod {
-    let container = &pod_spec["containers"][0];
-    let mut env: Vec<(String, String)> = kubelet_env
+    let config_maps: BTreeMap<String, ConfigMap> = Pod::config_map_names(pod_spec)
+        .into_iter()
+        .map(|name| {
+            let cm = kubectl.json(&["-n", "kube-system", "get", "configmap", &name]);
+            (name, serde_json::from_value(cm).unwrap())
+        })
+        .collect();
+    let env: Vec<(String, String)> = kubelet_env
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    for e in container["env"].as_array().into_iter().flatten() {
-        let value = match e["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
-            Some("spec.nodeName") => node.to_string(),
-            Some(other) => panic!("fieldRef {other}"),
-            None => e["value"].as_str().unwrap_or("").to_string(),
-        };
-        env.push((e["name"].as_str().unwrap().to_string(), value));
-    }
-    let vars: BTreeMap<String, String> = env.iter().cloned().collect();
-    let mut args: Vec<String> = container["command"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .chain(container["args"].as_array().into_iter().flatten())
-        .map(|a| {
-            let mut a = a.as_str().unwrap().to_string();
-            for (k, v) in &vars {
-                a = a.replace(&format!("$({k})"), v);
-            }
-            a
-        })
-        .collect();
+    let ctx = PodContext {
+        namespace: "kube-system",
+        pod_name: "kube-proxy-rs-canary",
+        node_name: node,
+        node_ip: None,
+        config_maps: &config_maps,
+        service_account: &ServiceAccountFiles {
+            token: TOKEN.into(),
+            ca_pem: read(ca),
+        },
+        kubelet_env: &env,
+    };
+    let pod = Pod::new(pod_spec, &ctx, dir).unwrap();
     assert_eq!(
-        args[0], "/usr/local/bin/kube-proxy-rs",
+        pod.program, "/usr/local/bin/kube-proxy-rs",
         "the image's binary"
     );
-    args.remove(0);
-
-    let mut files = PodFiles::new(dir);
-    for mount in container["volumeMounts"].as_array().into_iter().flatten() {
-        let volume = pod_spec["volumes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["name"] == mount["name"])
-            .unwrap();
-        let Some(cm) = volume["configMap"]["name"].as_str() else {
-            continue; // hostPath volumes: the node's own paths, as here
-        };
-        let data = kubectl.json(&["-n", "kube-system", "get", "configmap", cm]);
-        let at = mount["mountPath"].as_str().unwrap();
-        for (key, text) in data["data"].as_object().unwrap() {
-            files
-                .file(&format!("{at}/{key}"), text.as_str().unwrap())
-                .unwrap();
-        }
-    }
-    let sa = "/var/run/secrets/kubernetes.io/serviceaccount";
-    files.file(&format!("{sa}/token"), TOKEN).unwrap();
-    files.file(&format!("{sa}/ca.crt"), &read(ca)).unwrap();
-    files
-        .file(&format!("{sa}/namespace"), "kube-system")
-        .unwrap();
-    Pod { files, args, env }
-}
-
-impl Pod {
-    fn command(&self, ns: &Netns) -> Command {
-        let mut cmd = self.files.command(ns, BIN).unwrap();
-        cmd.args(&self.args).env_clear();
-        cmd.env("PATH", std::env::var("PATH").unwrap_or_default());
-        for (k, v) in &self.env {
-            cmd.env(k, v);
-        }
-        cmd
-    }
-
-    /// Runs the pod's command to completion, killed after `limit`; (exit code, time taken,
-    /// stdout, stderr).
-    fn run_bounded(
-        &self,
-        ns: &Netns,
-        dir: &Path,
-        limit: Duration,
-    ) -> (Option<i32>, Duration, String, String) {
-        let (out_path, err_path) = (dir.join("run.out"), dir.join("run.err"));
-        let mut cmd = self.command(ns);
-        cmd.stdin(Stdio::null())
-            .stdout(std::fs::File::create(&out_path).unwrap())
-            .stderr(std::fs::File::create(&err_path).unwrap());
-        let started = Instant::now();
-        let mut child = ChildGuard::spawn(&mut cmd, "kube-proxy-rs").unwrap();
-        let code = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break status.code();
-            }
-            if started.elapsed() > limit {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let took = started.elapsed();
-        drop(child);
-        (code, took, read(&out_path), read(&err_path))
-    }
+    pod
 }
 
 /// `GET path` on 127.0.0.1:`port` inside `ns`: the status code and the body.
@@ -559,7 +354,7 @@ fn kubeadm_cluster_moves_node_by_node_as_documented() {
     // A kubeadm cluster: its kube-proxy ConfigMap (the kubeconfig's server is the control
     // plane, here the test server) and DaemonSet.
     let kubeadm = dir.path().join("kubeadm.yaml");
-    std::fs::write(&kubeadm, kubeadm_objects(&api.url())).unwrap();
+    std::fs::write(&kubeadm, kube_proxy_objects(&api.url())).unwrap();
     kubectl.run(&["create", "-f", kubeadm.to_str().unwrap()]);
     expect_placement(
         &kubectl,
@@ -624,7 +419,7 @@ fn kubeadm_cluster_moves_node_by_node_as_documented() {
     let pod_spec = &ds["spec"]["template"]["spec"];
     let pod = pod(
         &kubectl,
-        pod_spec,
+        &template(&ds),
         "k8s-master",
         dir.path(),
         &certs.ca_cert,
@@ -638,7 +433,7 @@ fn kubeadm_cluster_moves_node_by_node_as_documented() {
     api.hold_lists(true);
     let log_path = dir.path().join("proxy.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut cmd = pod.command(&ns);
+    let mut cmd = pod.command(&ns, BIN).unwrap();
     cmd.arg("-v=2")
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
@@ -777,7 +572,7 @@ fn preflight_fails_in_bounded_time_naming_the_server() {
                 .file("/var/lib/kube-proxy/kubeconfig.conf", k)
                 .unwrap();
         }
-        let sa = "/var/run/secrets/kubernetes.io/serviceaccount";
+        let sa = SERVICE_ACCOUNT_DIR;
         files.file(&format!("{sa}/token"), TOKEN).unwrap();
         files
             .file(&format!("{sa}/ca.crt"), &read(&certs.ca_cert))
@@ -786,14 +581,18 @@ fn preflight_fails_in_bounded_time_naming_the_server() {
             .file(&format!("{sa}/namespace"), "kube-system")
             .unwrap();
         let container = &spec["containers"][0];
-        let args: Vec<String> = container["command"].as_array().unwrap()[1..]
+        let command: Vec<String> = container["command"]
+            .as_array()
+            .unwrap()
             .iter()
             .map(|a| a.as_str().unwrap().replace("$(NODE_NAME)", "k8s-master"))
             .collect();
         (
             Pod {
+                image: container["image"].as_str().unwrap().to_string(),
+                program: command[0].clone(),
                 files,
-                args,
+                args: command[1..].to_vec(),
                 env: env
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -806,7 +605,9 @@ fn preflight_fails_in_bounded_time_naming_the_server() {
 
     // The ClusterIP: the pre-flight check gives up within seconds, naming 10.96.0.1.
     let (preflight, _d1) = pod_of(job_spec, &without_kubeconfig, None, &KUBELET_ENV);
-    let (code, took, out, err) = preflight.run_bounded(&ns, dir.path(), Duration::from_secs(60));
+    let (code, took, out, err) = preflight
+        .run_bounded(&ns, BIN, dir.path(), Duration::from_secs(60))
+        .unwrap();
     assert_eq!(code, Some(1), "exit status after {took:?}\n{err}");
     assert!(took < Duration::from_secs(40), "took {took:?}\n{err}");
     assert!(
@@ -829,7 +630,7 @@ fn preflight_fails_in_bounded_time_naming_the_server() {
     );
     let log_path = dir.path().join("daemon.log");
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut cmd = daemon.command(&ns);
+    let mut cmd = daemon.command(&ns, BIN).unwrap();
     cmd.stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log);
@@ -871,7 +672,9 @@ fn preflight_fails_in_bounded_time_naming_the_server() {
         ("KUBERNETES_PORT", "tcp://10.96.0.1:443"),
     ];
     let (preflight, _d3) = pod_of(job_spec, &without_kubeconfig, None, &fallback_env);
-    let (code, took, out, err) = preflight.run_bounded(&ns, dir.path(), Duration::from_secs(60));
+    let (code, took, out, err) = preflight
+        .run_bounded(&ns, BIN, dir.path(), Duration::from_secs(60))
+        .unwrap();
     assert_eq!(code, Some(0), "after {took:?}\n{err}");
     assert!(out.contains("-A KUBE-SVC-"), "{out}");
     assert!(!err.contains("ClusterIP"), "{err}");
@@ -882,7 +685,9 @@ fn preflight_fails_in_bounded_time_naming_the_server() {
     let edited = kubeconfig.replace("https://control-plane.example:6443", &api.url());
     assert_ne!(edited, kubeconfig);
     let (preflight, _d5) = pod_of(job_spec, config, Some(&edited), &KUBELET_ENV);
-    let (code, took, out, err) = preflight.run_bounded(&ns, dir.path(), Duration::from_secs(60));
+    let (code, took, out, err) = preflight
+        .run_bounded(&ns, BIN, dir.path(), Duration::from_secs(60))
+        .unwrap();
     assert_eq!(code, Some(0), "after {took:?}\n{err}");
     assert!(out.contains("-A KUBE-SVC-"), "{out}");
 
@@ -893,7 +698,9 @@ fn preflight_fails_in_bounded_time_naming_the_server() {
         shipped["data"]["kubeconfig.conf"].as_str(),
         &KUBELET_ENV,
     );
-    let (code, took, _, err) = preflight.run_bounded(&ns, dir.path(), Duration::from_secs(60));
+    let (code, took, _, err) = preflight
+        .run_bounded(&ns, BIN, dir.path(), Duration::from_secs(60))
+        .unwrap();
     assert_eq!(code, Some(1), "after {took:?}\n{err}");
     assert!(took < Duration::from_secs(40), "took {took:?}\n{err}");
     assert!(

@@ -56,6 +56,11 @@
 //! `kubectl apply --validate=false`, `get`, `label` and `patch --type merge`
 //! ([`objects::RESOURCES`]).
 //!
+//! [`TestApiServer::start_on`] serves the same objects on listeners the caller bound, each in
+//! the network namespace it was bound in (the root namespace's loopback for `kubectl`, a node
+//! network for the nodes); [`TestApiServer::apply_value`] loads objects of any served kind, as
+//! a `kubectl create` would store them.
+//!
 //! [`TestApiServer::start_with`] adds what a real cluster's clients meet
 //! ([`ApiServerOptions`]): HTTPS with a certificate signed by a test CA ([`TestCerts`]), and
 //! a bearer token every request but `/version`, `/healthz`, `/readyz` and `/livez` must
@@ -302,10 +307,10 @@ impl Backup {
 /// The test API server; see the module documentation. Dropping it stops accepting
 /// connections and breaks every open watch.
 pub struct TestApiServer {
-    addr: SocketAddr,
+    addrs: Vec<SocketAddr>,
     https: bool,
     shared: Arc<Shared>,
-    task: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
 }
 
 /// Identity of a stored object.
@@ -568,9 +573,30 @@ impl TestApiServer {
     /// [`ApiServerError::Io`] when the listener cannot be bound, [`ApiServerError::Tls`]
     /// when the certificates cannot be loaded.
     pub async fn start_with(options: ApiServerOptions) -> Result<TestApiServer, ApiServerError> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        TestApiServer::start_on(vec![listener], options).await
+    }
+
+    /// Starts the server on bound `listeners` (at least one), serving the same objects on
+    /// each, as `options` say. A listener serves in the network namespace it was bound in
+    /// (bind it from a thread inside a [`crate::Netns`]), so one server can answer in the
+    /// root namespace's loopback and on a node network. [`TestApiServer::url`] names the
+    /// first.
+    ///
+    /// # Errors
+    /// [`ApiServerError::Io`] when a listener cannot be used (or none is given),
+    /// [`ApiServerError::Tls`] when the certificates cannot be loaded.
+    pub async fn start_on(
+        listeners: Vec<std::net::TcpListener>,
+        options: ApiServerOptions,
+    ) -> Result<TestApiServer, ApiServerError> {
+        if listeners.is_empty() {
+            return Err(ApiServerError::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no listener to serve on",
+            )));
+        }
         let acceptor = options.tls.as_ref().map(TestCerts::acceptor).transpose()?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
         let (events, _) = broadcast::channel(4096);
         let shared = Arc::new(Shared {
             store: Mutex::new(Store {
@@ -585,38 +611,57 @@ impl TestApiServer {
         });
         let app = Router::new().fallback(handle).with_state(shared.clone());
         let https = acceptor.is_some();
-        let task = match acceptor {
-            // TLS connections close as tokio-rustls closes them (no reset_connections).
-            Some(acceptor) => tokio::spawn(tls::serve(listener, acceptor, app)),
-            None => {
-                let listener = ResettingListener {
-                    inner: listener,
-                    generation: shared.reset_generation.clone(),
-                };
-                tokio::spawn(async move {
-                    if let Err(e) = axum::serve(listener, app).await {
-                        tracing::warn!(error = %e, "test API server stopped");
-                    }
-                })
-            }
-        };
+        let mut addrs = Vec::new();
+        let mut tasks = Vec::new();
+        for listener in listeners {
+            listener.set_nonblocking(true)?;
+            let listener = tokio::net::TcpListener::from_std(listener)?;
+            addrs.push(listener.local_addr()?);
+            let app = app.clone();
+            tasks.push(match &acceptor {
+                // TLS connections close as tokio-rustls closes them (no reset_connections).
+                Some(acceptor) => tokio::spawn(tls::serve(listener, acceptor.clone(), app)),
+                None => {
+                    let listener = ResettingListener {
+                        inner: listener,
+                        generation: shared.reset_generation.clone(),
+                    };
+                    tokio::spawn(async move {
+                        if let Err(e) = axum::serve(listener, app).await {
+                            tracing::warn!(error = %e, "test API server stopped");
+                        }
+                    })
+                }
+            });
+        }
         Ok(TestApiServer {
-            addr,
+            addrs,
             https,
             shared,
-            task,
+            tasks,
         })
     }
 
-    /// The base URL, `http://127.0.0.1:PORT` (`https://` when serving TLS).
+    /// The base URL, `http://127.0.0.1:PORT` (`https://` when serving TLS), of the first
+    /// listener.
     pub fn url(&self) -> String {
-        let scheme = if self.https { "https" } else { "http" };
-        format!("{scheme}://{}", self.addr)
+        self.url_of(self.addrs[0])
     }
 
-    /// The address the server listens on.
+    /// The base URL of the server at `addr` (one of [`TestApiServer::addrs`]).
+    pub fn url_of(&self, addr: SocketAddr) -> String {
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{addr}")
+    }
+
+    /// The address the server listens on (the first listener's).
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.addrs[0]
+    }
+
+    /// Every address the server listens on, in the order of the listeners given.
+    pub fn addrs(&self) -> &[SocketAddr] {
+        &self.addrs
     }
 
     /// A kube client for this server (`kube::Config::new(url)`: plain HTTP, no auth), with
@@ -663,6 +708,20 @@ impl TestApiServer {
     /// `metadata.name`; [`ApiServerError::UnknownKind`] for another kind.
     pub fn upsert_value(&self, object: Value) -> Result<u64, ApiServerError> {
         self.shared.upsert(object)
+    }
+
+    /// Stores an object of any kind the server serves ([`RESOURCES`]: ConfigMaps,
+    /// DaemonSets, ServiceAccounts, ... as well as the watched kinds), found by its
+    /// `apiVersion` and `kind`, after the strict validation a `kubectl create` meets; a
+    /// namespaced object without `metadata.namespace` goes to `default`. An existing object
+    /// of that name is replaced. This is how a test (or the `test-cluster` tool) loads what a
+    /// cluster already holds before the commands under test run.
+    ///
+    /// # Errors
+    /// [`ApiServerError::BadObject`] with the server's message: an unknown kind, no name, a
+    /// field the kind does not have (naming it).
+    pub fn apply_value(&self, object: Value) -> Result<(), ApiServerError> {
+        objects::apply(&self.shared, object).map_err(ApiServerError::BadObject)
     }
 
     /// Deletes an object (`namespace` is ignored for the cluster-scoped Nodes and
@@ -828,8 +887,35 @@ impl TestApiServer {
 impl Drop for TestApiServer {
     fn drop(&mut self) {
         let _ = self.shared.events.send(Msg::Drop);
-        self.task.abort();
+        for task in &self.tasks {
+            task.abort();
+        }
     }
+}
+
+/// `t` as RFC 3339 in UTC, to the second (`2026-12-06T05:41:36Z`), as the API server
+/// writes timestamps (`metadata.creationTimestamp` of what it stores).
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    let secs = t
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's days-to-civil, for days since 1970-01-01.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 /// A `Status` response.
@@ -1677,6 +1763,14 @@ fn parse_field(part: &str) -> Result<FieldRequirement, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_are_rfc3339() {
+        let at = |s: u64| rfc3339(std::time::UNIX_EPOCH + Duration::from_secs(s));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(at(1_796_535_696), "2026-12-06T05:41:36Z");
+    }
 
     fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs

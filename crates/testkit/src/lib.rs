@@ -18,6 +18,13 @@
 //! * [`pod`]: [`pod::PodFiles`], files at a pod's fixed paths (a ConfigMap volume, the
 //!   service-account token) for one process in a namespace, through overlays in its own
 //!   mount namespace; the machine's file system is not changed.
+//! * [`kubelet`]: what a kubelet does for a DaemonSet's pod without a container runtime:
+//!   whether it goes on a node ([`kubelet::schedules`]) and its process with its command,
+//!   environment and files ([`kubelet::Pod`]); [`kubeadm`]: kubeadm's kube-proxy objects.
+//! * `cluster` (feature `cluster`, on by default, off where other crates depend on this
+//!   one): the `test-cluster` tool, a kubeadm cluster simulated in network namespaces for
+//!   walking docs/deploy.md's migration (`cargo run -p kp-testkit --bin test-cluster --
+//!   --help`).
 //! * [`vm`]: a qemu guest with Debian's kernel for what this kernel lacks (IPVS, dummy
 //!   links): [`vm::GuestCommand`] runs one command in it, [`vm::run_tests`] is the `main` of
 //!   a `harness = false` test target that runs its trials there (docs/vm.md).
@@ -51,9 +58,13 @@ pub mod apiserver;
 pub mod backend;
 pub mod builders;
 pub mod client;
+#[cfg(feature = "cluster")]
+pub mod cluster;
 pub mod conformance;
 pub mod error;
 pub mod golden;
+pub mod kubeadm;
+pub mod kubelet;
 pub mod netns;
 pub mod pod;
 pub mod process;
@@ -68,6 +79,6 @@ pub use client::{
 pub use error::{Error, Result};
 pub use netns::{
     BackendPod, ClientHost, FamilyPlan, Netns, Topology, TopologyBuilder, add_address, add_route,
-    add_route_dev, cleanup_stale, link, list_namespaces, require_root, veth,
+    add_route_dev, cleanup_stale, delete_namespace, link, list_namespaces, require_root, veth,
 };
 pub use process::{ChildGuard, wait_for};

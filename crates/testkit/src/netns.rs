@@ -89,11 +89,14 @@ pub fn require_root() -> bool {
 ///
 /// Dropping it first kills (SIGKILL) any process still running inside it (a safety net:
 /// processes should be owned by a [`crate::ChildGuard`] and stopped before), then runs
-/// `ip netns del`. Failures are logged with `tracing`, never panicked on.
+/// `ip netns del`. Failures are logged with `tracing`, never panicked on. (A handle made by
+/// [`Netns::attach`] deletes nothing.)
 #[derive(Debug)]
 pub struct Netns {
     name: String,
     role: String,
+    /// Whether dropping it deletes the namespace (false for [`Netns::attach`]).
+    owned: bool,
 }
 
 impl Netns {
@@ -133,6 +136,7 @@ impl Netns {
         let ns = Netns {
             name,
             role: role.to_owned(),
+            owned: true,
         };
         ns.ip(["link", "set", "lo", "up"])?;
         if std::path::Path::new("/proc/sys/net/ipv6").exists() {
@@ -140,6 +144,34 @@ impl Netns {
             ns.sysctl("net.ipv6.conf.default.accept_dad", "0")?;
         }
         Ok(ns)
+    }
+
+    /// A handle on the existing namespace `name` that another [`Netns`] (usually in
+    /// another process, such as the `test-cluster` daemon) owns: everything works as on
+    /// that one, but dropping this handle changes nothing.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a name [`Netns::new`] would not have made, or one that does not
+    /// exist.
+    pub fn attach(name: &str) -> Result<Netns> {
+        let Some((_, role)) = parse_owner_pid(NAME_PREFIX, name).and_then(|_| name.split_once('-'))
+        else {
+            return Err(Error::invalid(
+                "namespace name",
+                format!("{name:?} was not made by kp-testkit (kp<pid>x<counter>-<role>)"),
+            ));
+        };
+        if !std::path::Path::new(NETNS_DIR).join(name).exists() {
+            return Err(Error::invalid(
+                "namespace name",
+                format!("no network namespace {name}"),
+            ));
+        }
+        Ok(Netns {
+            name: name.to_owned(),
+            role: role.to_owned(),
+            owned: false,
+        })
     }
 
     /// The namespace's name as `ip netns list` shows it.
@@ -299,6 +331,9 @@ impl Netns {
 
 impl Drop for Netns {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         kill_processes_in(&self.name);
         let mut last = None;
         for attempt in 0..3 {
@@ -357,6 +392,28 @@ fn cleanup(prefix: &str, include_own: bool) -> Result<Vec<String>> {
     }
     removed.sort();
     Ok(removed)
+}
+
+/// Deletes the namespace `name` created by [`Netns::new`] in another process (one that
+/// exited without dropping it, e.g. killed): kills (SIGKILL) every process still inside it,
+/// then `ip netns del`. A namespace that does not exist is not an error.
+///
+/// # Errors
+/// [`Error::Invalid`] for a name [`Netns::new`] would not have made (anything not shaped
+/// `kp<pid>x<counter>-<role>`: this never deletes a namespace this crate did not create);
+/// [`Error::Command`] when `ip netns del` fails.
+pub fn delete_namespace(name: &str) -> Result<()> {
+    if parse_owner_pid(NAME_PREFIX, name).is_none() {
+        return Err(Error::invalid(
+            "namespace name",
+            format!("{name:?} was not made by kp-testkit (kp<pid>x<counter>-<role>)"),
+        ));
+    }
+    if !std::path::Path::new(NETNS_DIR).join(name).exists() {
+        return Ok(());
+    }
+    kill_processes_in(name);
+    run_checked(Command::new("ip").args(["netns", "del", name])).map(drop)
 }
 
 /// The pid in a name `<prefix><pid>x<counter>-<role>`, if the name has that shape.

@@ -7,8 +7,8 @@ use std::time::Duration;
 use kp_model::IpFamily;
 use kp_testkit::{
     ChildGuard, ClientError, Error, HttpBackend, Netns, Topology, UdpClient, UdpEchoBackend,
-    cleanup_stale, http_get, http_get_many, link, list_namespaces, require_root, udp_request,
-    wait_for,
+    cleanup_stale, delete_namespace, http_get, http_get_many, link, list_namespaces, require_root,
+    udp_request, wait_for,
 };
 
 const T: Duration = Duration::from_secs(3);
@@ -468,4 +468,32 @@ fn child_guard_stops_the_process_and_reports_early_exit() {
         wait_for(|| false, Duration::from_millis(50)),
         Err(Error::Timeout { .. })
     ));
+}
+
+/// A namespace another process left (here: forgotten instead of dropped) is deleted by
+/// name with the process inside it; a name kp-testkit did not make is refused.
+#[test]
+fn delete_namespace_removes_a_left_namespace_and_its_processes() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("left").unwrap();
+    let name = ns.name().to_string();
+    let mut sleeper = ns.command("sleep").arg("600").spawn().unwrap();
+    std::mem::forget(ns);
+    assert!(exists(&name));
+    // A handle attached to it works there and deletes nothing when dropped.
+    let attached = Netns::attach(&name).unwrap();
+    assert_eq!(attached.role(), "left");
+    assert!(attached.ip(["link", "show", "lo"]).unwrap().contains("UP"));
+    drop(attached);
+    assert!(exists(&name));
+    delete_namespace(&name).unwrap();
+    assert!(!exists(&name));
+    let status = sleeper.wait().unwrap();
+    assert!(!status.success(), "killed: {status}");
+    delete_namespace(&name).unwrap();
+    assert!(Netns::attach(&name).is_err());
+    let err = delete_namespace("cni-1234").unwrap_err().to_string();
+    assert!(err.contains("not made by kp-testkit"), "{err}");
 }

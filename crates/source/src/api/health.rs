@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use kp_model::ObjectKind;
 use tokio::sync::watch;
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 /// The API source's connection state, for health reporting.
 #[derive(Debug, Clone, PartialEq, Eq)]

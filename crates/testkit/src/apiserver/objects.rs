@@ -418,6 +418,58 @@ fn delete(shared: &Shared, target: &Target) -> Response {
     json_response(&object)
 }
 
+/// [`super::TestApiServer::apply_value`]: stores `object` (of any kind in [`RESOURCES`],
+/// found by its `apiVersion` and `kind`) as a create or a replace would, after the same
+/// strict validation; `Err` with the message a client would get.
+pub(super) fn apply(shared: &Shared, mut object: Value) -> Result<(), String> {
+    let api_version = object
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let resource = RESOURCES
+        .into_iter()
+        .find(|r| r.kind == kind && r.api_version() == api_version)
+        .ok_or_else(|| format!("the test API server does not serve {api_version} {kind}"))?;
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| format!("{kind} is invalid: metadata.name: Required value"))?
+        .to_string();
+    let namespace = resource.namespaced.then(|| {
+        object
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+            .unwrap_or("default")
+            .to_string()
+    });
+    if let (Some(ns), Some(meta)) = (
+        &namespace,
+        object.get_mut("metadata").and_then(Value::as_object_mut),
+    ) {
+        meta.insert("namespace".into(), ns.clone().into());
+    }
+    validate(resource, &object, false).map_err(|e| format!("{kind} {name}: {}", e.message))?;
+    let target = Target {
+        resource,
+        namespace,
+        name: Some(name.clone()),
+    };
+    let response = store_object(shared, &target, object, false, StatusCode::OK);
+    if response.status().is_success() {
+        Ok(())
+    } else {
+        Err(format!("{kind} {name}: HTTP {}", response.status()))
+    }
+}
+
 /// Stores (unless `dry_run`) and answers the object as stored, with `code`.
 fn store_object(
     shared: &Shared,
@@ -460,7 +512,7 @@ fn store_object(
             old_uid.unwrap_or_else(|| format!("uid-{rv}").into()),
         );
         meta.entry("creationTimestamp")
-            .or_insert_with(|| "2026-01-01T00:00:00Z".into());
+            .or_insert_with(|| super::rfc3339(std::time::SystemTime::now()).into());
     }
     if !dry_run {
         store.rv = rv;
@@ -622,6 +674,19 @@ fn lost_field(input: &Value, output: &Value, at: &str) -> Option<String> {
 }
 
 /// The discovery documents of the served groups, or `None` for other paths.
+/// The real server's short name for a resource (`kubectl get ds`).
+fn short_name(plural: &str) -> Option<&'static str> {
+    Some(match plural {
+        "services" => "svc",
+        "nodes" => "no",
+        "configmaps" => "cm",
+        "serviceaccounts" => "sa",
+        "namespaces" => "ns",
+        "daemonsets" => "ds",
+        _ => return None,
+    })
+}
+
 fn discovery(path: &str) -> Option<Value> {
     let path = path.trim_end_matches('/');
     let resource_list = |group: &str, version: &str| {
@@ -629,13 +694,17 @@ fn discovery(path: &str) -> Option<Value> {
             .iter()
             .filter(|r| r.group == group && r.version == version)
             .map(|r| {
-                json!({
+                let mut doc = json!({
                     "name": r.plural,
                     "singularName": r.kind.to_lowercase(),
                     "namespaced": r.namespaced,
                     "kind": r.kind,
                     "verbs": ["create", "delete", "get", "list", "patch", "watch"],
-                })
+                });
+                if let Some(short) = short_name(r.plural) {
+                    doc["shortNames"] = json!([short]);
+                }
+                doc
             })
             .collect();
         let group_version = if group.is_empty() {
@@ -925,6 +994,63 @@ mod tests {
         let (ok, out, err) =
             kubectl(&server.url(), dir.path(), &["get", "servicecidr", "extra"]).await;
         assert!(!ok && err.contains("NotFound"), "{err}{out}");
+    }
+
+    /// `apply_value` stores any served kind, validated as a create is; the same objects are
+    /// served on every listener.
+    #[tokio::test]
+    async fn apply_value_and_two_listeners() {
+        use super::super::{ApiServerOptions, TestApiServer};
+        use k8s_openapi::api::apps::v1::DaemonSet;
+        use k8s_openapi::api::core::v1::{ConfigMap, Node};
+        let listeners = vec![
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+        ];
+        let server = TestApiServer::start_on(listeners, ApiServerOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(server.addrs().len(), 2);
+        assert_ne!(server.addrs()[0], server.addrs()[1]);
+        let objects: Vec<Value> = crate::kubeadm::kube_proxy_objects("https://192.168.56.10:6443")
+            .split("\n---\n")
+            .map(|doc| serde_saphyr::from_str(doc).unwrap())
+            .collect();
+        for object in objects {
+            server.apply_value(object).unwrap();
+        }
+        server
+            .apply_value(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n"}}))
+            .unwrap();
+        let err = server
+            .apply_value(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("does not serve v1 Pod"), "{err}");
+        let err = server
+            .apply_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "c"}, "dta": {}}))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ConfigMap c: strict decoding error: unknown field \"dta\""),
+            "{err}"
+        );
+
+        for addr in server.addrs() {
+            let config = kube::Config::new(server.url_of(*addr).parse().unwrap());
+            let client = kube::Client::try_from(config).unwrap();
+            let cm: kube::Api<ConfigMap> = kube::Api::namespaced(client.clone(), "kube-system");
+            let data = cm.get("kube-proxy").await.unwrap().data.unwrap();
+            assert!(data["kubeconfig.conf"].contains("server: https://192.168.56.10:6443"));
+            let ds: kube::Api<DaemonSet> = kube::Api::all(client.clone());
+            assert_eq!(ds.list(&Default::default()).await.unwrap().items.len(), 1);
+            let nodes: kube::Api<Node> = kube::Api::all(client);
+            assert_eq!(
+                nodes.list(&Default::default()).await.unwrap().items.len(),
+                1
+            );
+        }
     }
 
     #[test]

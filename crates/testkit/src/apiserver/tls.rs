@@ -3,11 +3,13 @@
 //! serves the router over rustls (ring, as kube-rs in this workspace).
 //!
 //! The certificates are a CA and a server certificate it signed for `127.0.0.1`, `::1` and
-//! `localhost`, the way a kubeadm control plane's `apiserver.crt` is signed by its
+//! `localhost` (and any further addresses and names, [`TestCerts::generate_for`]), the way a
+//! kubeadm control plane's `apiserver.crt` is signed by its
 //! `ca.crt`: a client trusting the CA (kube-rs through a kubeconfig's
 //! `certificate-authority`, or the in-cluster `ca.crt`; kubectl likewise) verifies the
 //! server by its IP address, as it verifies `https://<control-plane IP>:6443`.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -38,11 +40,44 @@ impl TestCerts {
     /// # Errors
     /// [`ApiServerError::Tls`] when `openssl` is missing or fails (with its output).
     pub fn generate(dir: &Path) -> Result<TestCerts, ApiServerError> {
+        TestCerts::generate_for(dir, &[], &[])
+    }
+
+    /// Like [`TestCerts::generate`], with the server certificate also valid for `ips` and
+    /// the DNS `names` (a control-plane address on a node network, the `kubernetes`
+    /// Service's ClusterIP and names, as kubeadm's `apiserver.crt` lists them).
+    ///
+    /// # Errors
+    /// [`ApiServerError::Tls`] when `openssl` is missing or fails (with its output), or a
+    /// name holds a character other than letters, digits, `-` and `.`.
+    pub fn generate_for(
+        dir: &Path,
+        ips: &[IpAddr],
+        names: &[&str],
+    ) -> Result<TestCerts, ApiServerError> {
+        let mut san = String::from("IP:127.0.0.1,IP:::1,DNS:localhost");
+        for ip in ips {
+            san.push_str(&format!(",IP:{ip}"));
+        }
+        for name in names {
+            if name.is_empty()
+                || !name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            {
+                return Err(ApiServerError::Tls(format!(
+                    "{name:?} is not a DNS name for a certificate"
+                )));
+            }
+            san.push_str(&format!(",DNS:{name}"));
+        }
         let ext = dir.join("server.ext");
         std::fs::write(
             &ext,
-            "subjectAltName=IP:127.0.0.1,IP:::1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-             keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+            format!(
+                "subjectAltName={san}\nbasicConstraints=CA:FALSE\n\
+                 keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
+            ),
         )?;
         let ec = [
             "-newkey",
