@@ -279,6 +279,78 @@ fn ipv6_cluster_ip_and_node_port_nftables() {
     common::ipv6_cluster_ip_and_node_port(Mode::Nftables);
 }
 
+/// `dns` as a NodePort Service (UDP 10.96.0.53:53, NodePort 30053 → 5353) with one endpoint,
+/// be1 (10.0.2.5 on node-b), and no Node object for `k8s-master`.
+const DNS_NODE_PORT_CLUSTER: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.53
+  ports: [{name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: dns-1
+  namespace: default
+  labels: {kubernetes.io/service-name: dns}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.2.5]
+  nodeName: node-b
+ports: [{name: dns, port: 5353, protocol: UDP}]
+"#;
+
+/// `--nodeport-addresses primary` (nftables mode's default; given explicitly to iptables
+/// mode) with no Node object: as upstream, a family the Node gives no address of accepts
+/// NodePorts on every local address but loopback, so a UDP datagram to node:30053 is
+/// DNATed to the endpoint and answered (before: no rule matched it and the node answered
+/// ICMP port unreachable).
+fn node_port_without_a_node_address(mode: Mode) {
+    if !require_root() {
+        return;
+    }
+    let topology = feature_topology();
+    let _udp = start_udp_echo(&topology, 5353);
+    let dir = tempdir();
+    let manifest = write(dir.path(), "dns.yaml", DNS_NODE_PORT_CLUSTER);
+    let mut args = vec!["--manifests", manifest.to_str().unwrap()];
+    if mode == Mode::Iptables {
+        args.push("--nodeport-addresses=primary");
+    }
+    args.extend(NODE_ARGS);
+    let node = topology.node();
+    let mut proxy = Daemon::start(mode, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
+    let node_ip = topology.node_ip(kp_model::IpFamily::V4).unwrap();
+    let reply = udp_request(
+        topology.client(),
+        SocketAddr::new(node_ip, 30053),
+        b"q",
+        Duration::from_secs(2),
+        None,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "UDP to {node_ip}:30053 was not answered: {e}\n{}\n{}",
+            mode.ruleset(node),
+            proxy.log()
+        )
+    });
+    assert_eq!(reply.text(), "be1");
+}
+
+#[test]
+fn node_port_without_a_node_address_nftables() {
+    node_port_without_a_node_address(Mode::Nftables);
+}
+
+#[test]
+fn node_port_without_a_node_address_iptables() {
+    node_port_without_a_node_address(Mode::Iptables);
+}
+
 /// A LoadBalancer Service with externalTrafficPolicy Local (health-check NodePort 32070,
 /// NodePort 30070, its endpoint 10.0.1.4 on this node) and a NodePort Service without
 /// endpoints (30030).

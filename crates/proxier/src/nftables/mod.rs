@@ -165,7 +165,11 @@ impl<N: Nft> NftablesProxier<N> {
     /// # Errors
     /// [`ProxierError::Host`] when local addresses are needed and cannot be read.
     pub fn render_config(&self, snap: &Snapshot) -> Result<RenderConfig, ProxierError> {
-        let nodeport_ips = if self.cfg.nodeport_addresses.match_all(self.family) {
+        let nodeport_ips = if self
+            .cfg
+            .nodeport_addresses
+            .match_all(self.family, &snap.node_ips)
+        {
             None
         } else {
             let local = self
