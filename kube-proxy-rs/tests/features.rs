@@ -16,8 +16,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use common::{
-    Daemon, Mode, NODE_ARGS, dns_cluster, feature_cluster, feature_topology, names, nft_table,
-    start_udp_echo, tempdir, write,
+    Daemon, Mode, NODE_ARGS, counts, dns_cluster, feature_cluster, feature_topology, names,
+    nft_table, start_udp_echo, tempdir, write,
 };
 use kp_testkit::{
     ClientError, HttpBackend, Topology, UdpClient, UdpEchoBackend, http_get, http_get_many,
@@ -277,6 +277,73 @@ fn ipv6_cluster_ip_and_node_port_iptables() {
 #[test]
 fn ipv6_cluster_ip_and_node_port_nftables() {
     common::ipv6_cluster_ip_and_node_port(Mode::Nftables);
+}
+
+/// `unnamed` (ClusterIP 10.96.0.71:80) whose EndpointSlice lists be0 (10.0.1.4, a pod on
+/// this node) without `nodeName` and be1 (10.0.2.5) on node-b.
+const NO_NODE_NAME_CLUSTER: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: unnamed, namespace: default}
+spec:
+  clusterIP: 10.96.0.71
+  ports: [{port: 80, targetPort: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: unnamed-1
+  namespace: default
+  labels: {kubernetes.io/service-name: unnamed}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.1.4]
+- addresses: [10.0.2.5]
+  nodeName: node-b
+ports: [{name: "", port: 80, protocol: TCP}]
+"#;
+
+/// Hairpin with an EndpointSlice entry without `nodeName`: be0 reaches its own Service and
+/// is answered by itself too, which needs the masquerade (the reply would otherwise go
+/// straight back inside be0, from 10.0.1.4 instead of the ClusterIP). iptables mode's KUBE-SEP
+/// chains mark every endpoint; nftables mode puts every endpoint in `hairpin-connections`,
+/// as upstream v1.36 does (before: only this node's endpoints, so be0 was left out).
+fn hairpin_without_node_name(mode: Mode) {
+    if !require_root() {
+        return;
+    }
+    let topology = feature_topology();
+    let _http = topology.start_http(80).unwrap();
+    let dir = tempdir();
+    let manifest = write(dir.path(), "cluster.yaml", NO_NODE_NAME_CLUSTER);
+    let mut args = vec!["--manifests", manifest.to_str().unwrap()];
+    args.extend(NODE_ARGS);
+    let node = topology.node();
+    let mut proxy = Daemon::start(mode, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
+    let pod = topology.backend(0).ns();
+    let answered = counts(http_get_many(
+        pod,
+        "10.96.0.71:80".parse().unwrap(),
+        30,
+        Duration::from_secs(2),
+    ));
+    assert!(
+        answered.get("be0").is_some_and(|n| *n > 0)
+            && answered.get("be1").is_some_and(|n| *n > 0)
+            && answered.keys().all(|k| k == "be0" || k == "be1"),
+        "{answered:?}\n{}",
+        mode.ruleset(node)
+    );
+}
+
+#[test]
+fn hairpin_without_node_name_nftables() {
+    hairpin_without_node_name(Mode::Nftables);
+}
+
+#[test]
+fn hairpin_without_node_name_iptables() {
+    hairpin_without_node_name(Mode::Iptables);
 }
 
 /// `dns` as a NodePort Service (UDP 10.96.0.53:53, NodePort 30053 → 5353) with one endpoint,

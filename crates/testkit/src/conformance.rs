@@ -260,6 +260,7 @@ fn scenario(
 pub fn scenarios() -> Vec<Scenario> {
     let mut out = vec![
         cluster_ip(),
+        hairpin_without_node_name(),
         ports_and_protocols(),
         no_endpoints(),
         node_ports(),

@@ -739,8 +739,12 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
             ));
         }
     }
-    // Hairpin: a local endpoint reaching itself through the Service is masqueraded.
-    for ep in eps.all_reachable.iter().filter(|e| e.is_local) {
+    // Hairpin: an endpoint reaching itself through the Service is masqueraded. Every
+    // endpoint in use goes into the set, as upstream v1.36 does (and as iptables mode's
+    // `-s <endpoint> -j KUBE-MARK-MASQ` in every KUBE-SEP chain): an EndpointSlice entry
+    // without `nodeName` is not local, yet its pod may well run here. Only a pod on this
+    // node can send `ep -> ep`, so the other elements never match.
+    for ep in eps.all_reachable.iter() {
         out.elements.push(element(
             Container::HairpinConnections,
             format!("{} . {} . {proto} . {}", ep.ip, ep.ip, ep.port),

@@ -55,7 +55,7 @@ fn partial(s: &Snapshot, changed: &BTreeSet<NamespacedName>, state: &mut State) 
 }
 
 #[test]
-fn an_endpoint_change_rewrites_one_chain_and_no_element() {
+fn an_endpoint_change_rewrites_one_chain_and_its_hairpin_elements() {
     let mut state = full(&snap(vec![web(&["10.0.2.1", "10.0.2.2"])]));
     let changed = names(&[("default", "web")]);
     let payload = partial(
@@ -66,12 +66,14 @@ fn an_endpoint_change_rewrites_one_chain_and_no_element() {
     assert_eq!(
         payload,
         "flush chain ip kube-proxy service-PFISGYVC-default/web/tcp/\n\
+         delete element ip kube-proxy hairpin-connections {\n\t10.0.2.2 . 10.0.2.2 . tcp . 8080\n}\n\
          table ip kube-proxy {\n\
          \tchain service-PFISGYVC-default/web/tcp/ {\n\
          \t\tnumgen random mod 2 0 meta l4proto tcp dnat to 10.0.2.1:8080\n\
          \t\tmeta l4proto tcp dnat to 10.0.2.3:8080\n\
          \t}\n\
-         }\n"
+         }\n\
+         add element ip kube-proxy hairpin-connections {\n\t10.0.2.3 . 10.0.2.3 . tcp . 8080\n}\n"
     );
     // No Service changed: nothing to send.
     assert_eq!(
@@ -93,6 +95,7 @@ fn losing_all_endpoints_moves_elements_and_deletes_the_chain() {
         payload,
         "flush chain ip kube-proxy service-PFISGYVC-default/web/tcp/\n\
          delete element ip kube-proxy service-ips {\n\t10.96.0.10 . tcp . 80\n}\n\
+         delete element ip kube-proxy hairpin-connections {\n\t10.0.2.1 . 10.0.2.1 . tcp . 8080\n}\n\
          delete chain ip kube-proxy service-PFISGYVC-default/web/tcp/\n\
          add element ip kube-proxy no-endpoint-services {\n\t10.96.0.10 . tcp . 80 comment \"default/web\" : goto reject-chain\n}\n"
     );
@@ -233,7 +236,11 @@ fn a_full_sync_keeps_matching_objects_and_replaces_the_rest() {
 fn the_state_shares_its_texts_and_keeps_one_claim_per_unshared_element() {
     let state = full(&snap(vec![web(&["10.0.2.1"])]));
     let fp = &state.services[&NamespacedName::new("default", "web")];
-    assert_eq!(fp.elements.len(), 2, "cluster-ips and service-ips");
+    assert_eq!(
+        fp.elements.len(),
+        3,
+        "cluster-ips, service-ips and hairpin-connections"
+    );
     for key in fp.elements.iter() {
         let (k, claims) = state.elements.get_key_value(key).unwrap();
         // One allocation for the key, in the map and in the footprint.

@@ -216,6 +216,38 @@ fn selection_is_uniform_and_uses_no_anonymous_sets() {
     }
 }
 
+/// Upstream v1.36 puts every endpoint in use into `hairpin-connections`: one whose
+/// EndpointSlice entry has no `nodeName` (not local, yet possibly on this node) too.
+#[test]
+fn the_hairpin_set_holds_every_endpoint_in_use() {
+    let s = snap(
+        IpFamily::V4,
+        vec![ServiceBuilder::new("hp", "10.96.0.30").tcp("", 80).build()],
+        vec![
+            SliceBuilder::new("hp")
+                .port("", 8080)
+                .ready_without_node("10.0.1.6")
+                .ready("10.0.2.5", "node-b")
+                .endpoint("10.0.1.9", NODE, false, false, true)
+                .build(),
+        ],
+    );
+    let r = render(&s, &RenderConfig::default(), None);
+    let hairpin: Vec<&str> = r.services[&NamespacedName::new("default", "hp")]
+        .elements
+        .iter()
+        .filter(|e| e.container == Container::HairpinConnections)
+        .map(|e| e.key.as_str())
+        .collect();
+    assert_eq!(
+        hairpin,
+        [
+            "10.0.1.6 . 10.0.1.6 . tcp . 8080",
+            "10.0.2.5 . 10.0.2.5 . tcp . 8080"
+        ]
+    );
+}
+
 #[test]
 fn partial_render_covers_only_the_named_services() {
     let s = every_feature();
