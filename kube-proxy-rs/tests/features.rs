@@ -217,7 +217,7 @@ fn udp_conntrack_entries_follow_endpoint_changes(mode: Mode) {
     args.extend(NODE_ARGS);
     let node = topology.node();
     let mut proxy = Daemon::start(mode, node, dir.path(), &args, None);
-    proxy.wait_nat_rules_contain(node, "10.0.1.4:5353");
+    proxy.wait_nat_rules_contain(node, &mode.endpoint_in_rules("10.0.1.4:5353"));
 
     // A resolver-like client: one socket, one source port, a query every 100 ms.
     let vip: SocketAddr = "10.96.0.53:53".parse().unwrap();

@@ -16,10 +16,11 @@
 //! asks for it at once; the table needs no object of its own for this, so its layout stays
 //! upstream's.
 //!
-//! Differences from upstream are listed in `docs/nftables.md`: no anonymous sets or maps per
-//! Service (one `numgen random mod (n-i) 0` rule per endpoint instead), source ranges as one
-//! rule per range, stale chains deleted in the same transaction, the `nodeport-ips` set kept
-//! in step with the node's addresses on every sync, and no `cluster-ips-check` drop for
+//! The rules are upstream v1.36's, rule for rule (endpoint selection by one `numgen random
+//! mod N` map lookup, source ranges as `ip saddr != { … } drop`, every endpoint in
+//! `hairpin-connections`). Differences in how the table is maintained are listed in
+//! `docs/nftables.md`: stale chains deleted in the same transaction, the `nodeport-ips` set
+//! kept in step with the node's addresses on every sync, and no `cluster-ips-check` drop for
 //! unallocated addresses of the Service CIDRs (the manifest source has no ServiceCIDR
 //! objects).
 

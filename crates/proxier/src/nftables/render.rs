@@ -7,14 +7,17 @@
 //! - [`ServiceObjects`] per Service: its chains with their rules, its affinity sets, and the
 //!   elements it contributes to the shared sets and maps ([`Element`]).
 //!
-//! Endpoint selection uses no anonymous set or map (they make `nft -f` super-linear in the
-//! number of Services): a Service chain holds one rule per endpoint,
-//! `numgen random mod (n-i) 0 … dnat to EP` for endpoint `i` of `n` and an unconditional rule
-//! for the last one, so each rule draws its own number and the choice is uniform (the same
-//! trick as iptables' `-m statistic --probability 1/(n-i)`). Endpoint chains exist only for
-//! Services with session affinity, as upstream does.
+//! Endpoint selection is upstream v1.36's, one lookup per new connection whatever the number
+//! of endpoints: a policy chain (`service-…`, `local-…`) holds one rule,
+//! `meta l4proto P dnat ip addr . port to numgen random mod N map { 0 : IP . PORT , … }`;
+//! with session affinity it holds one `ip saddr @affinity-X goto endpoint-X` per endpoint and
+//! then `numgen random mod N vmap { 0 : goto endpoint-X , … }`, and each `endpoint-` chain
+//! records the client and DNATs. Endpoint chains exist only for Services with session
+//! affinity, as upstream's. Hairpin traffic is masqueraded by the `masquerading` chain through
+//! the `hairpin-connections` set, which holds every endpoint in use.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use kp_model::{
@@ -591,21 +594,29 @@ impl Ctx<'_> {
     }
 }
 
-/// The rules that pick one of `eps` uniformly: `numgen random mod (n-i) 0 ACTION` for every
-/// endpoint but the last, whose rule is unconditional.
-fn selection_rules(
-    rules: &mut Vec<String>,
-    eps: &[&Endpoint],
-    action: impl Fn(&Endpoint) -> String,
-) {
-    let n = eps.len();
+/// The `{ 0 : V0 , 1 : V1 , … }` of a `numgen random mod N` lookup over `eps` (upstream's
+/// spacing: knftables joins the tokens with single spaces, so the comma stands alone).
+fn numgen_elements(eps: &[&Endpoint], value: impl Fn(&Endpoint) -> String) -> String {
+    let mut out = String::from("{ ");
     for (i, ep) in eps.iter().enumerate() {
-        if i + 1 < n {
-            rules.push(format!("numgen random mod {} 0 {}", n - i, action(ep)));
-        } else {
-            rules.push(action(ep));
+        if i > 0 {
+            out.push_str(" , ");
         }
+        let _ = write!(out, "{i} : {}", value(ep));
     }
+    out.push_str(" }");
+    out
+}
+
+/// The rule of a policy chain without affinity: one DNAT through an anonymous map indexed by
+/// a random number, `meta l4proto P dnat ip addr . port to numgen random mod N map { i : IP
+/// . PORT , … }` (IPv6 addresses without brackets, as upstream writes them).
+fn dnat_rule(ip: &str, proto: &str, eps: &[&Endpoint]) -> String {
+    format!(
+        "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {} map {}",
+        eps.len(),
+        numgen_elements(eps, |e| format!("{} . {}", e.ip, e.port))
+    )
 }
 
 fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mut ServiceObjects) {
@@ -795,26 +806,26 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
         });
     }
 
-    // The firewall chain: allowed sources return to the base chain, the rest is dropped.
+    // The firewall chain, upstream's one rule: sources outside the ranges are dropped, the
+    // rest returns to `firewall-check`. When a range holds the node's primary address, the LB
+    // IPs are allowed too (a VIP bound on the node makes the node's own requests come from it).
     if uses_firewall_chain {
-        let mut rules = Vec::new();
-        let mut allow_from_node = false;
-        for range in &svc.load_balancer_source_ranges {
-            rules.push(format!("{ip} saddr {range} return"));
-            allow_from_node |= snap.node_ips.iter().any(|a| range.contains(a));
+        let node_ip = snap.node_ips.first();
+        let mut sources: Vec<String> = svc
+            .load_balancer_source_ranges
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        if node_ip.is_some_and(|a| {
+            svc.load_balancer_source_ranges
+                .iter()
+                .any(|r| r.contains(a))
+        }) {
+            sources.extend(svc.load_balancer_vips.iter().map(ToString::to_string));
         }
-        if allow_from_node {
-            for addr in &svc.load_balancer_vips {
-                rules.push(format!("{ip} saddr {addr} return"));
-            }
-        }
-        rules.push(format!(
-            "drop comment {}",
-            quote(&format!("{spn_text} loadBalancerSourceRanges"))
-        ));
         out.chains.push(ChainRules {
             name: names.firewall.clone(),
-            rules,
+            rules: vec![format!("{ip} saddr != {{ {} }} drop", sources.join(" , "))],
         });
     }
 
@@ -833,11 +844,9 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
                 if !used {
                     continue;
                 }
-                let mut rules = Vec::with_capacity(list.len());
-                selection_rules(&mut rules, list, dnat);
                 out.chains.push(ChainRules {
                     name: chain.clone(),
-                    rules,
+                    rules: vec![dnat_rule(ip, proto, list)],
                 });
             }
         }
@@ -864,12 +873,16 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
                 if !used {
                     continue;
                 }
-                let mut rules = Vec::with_capacity(2 * list.len());
+                let mut rules = Vec::with_capacity(list.len() + 1);
                 for ep in list.iter() {
                     let (ep_chain, set) = lookup(ep);
                     rules.push(format!("{ip} saddr @{set} goto {ep_chain}"));
                 }
-                selection_rules(&mut rules, list, |ep| format!("goto {}", lookup(ep).0));
+                rules.push(format!(
+                    "numgen random mod {} vmap {}",
+                    list.len(),
+                    numgen_elements(list, |ep| format!("goto {}", lookup(ep).0))
+                ));
                 out.chains.push(ChainRules {
                     name: chain.clone(),
                     rules,

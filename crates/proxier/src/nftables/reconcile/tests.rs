@@ -69,8 +69,7 @@ fn an_endpoint_change_rewrites_one_chain_and_its_hairpin_elements() {
          delete element ip kube-proxy hairpin-connections {\n\t10.0.2.2 . 10.0.2.2 . tcp . 8080\n}\n\
          table ip kube-proxy {\n\
          \tchain service-PFISGYVC-default/web/tcp/ {\n\
-         \t\tnumgen random mod 2 0 meta l4proto tcp dnat to 10.0.2.1:8080\n\
-         \t\tmeta l4proto tcp dnat to 10.0.2.3:8080\n\
+         \t\tmeta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.0.2.1 . 8080 , 1 : 10.0.2.3 . 8080 }\n\
          \t}\n\
          }\n\
          add element ip kube-proxy hairpin-connections {\n\t10.0.2.3 . 10.0.2.3 . tcp . 8080\n}\n"
