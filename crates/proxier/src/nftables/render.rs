@@ -78,7 +78,8 @@ pub enum Container {
     NoEndpointNodePorts,
     /// `firewall-ips` (map `addr . proto . port : verdict`).
     FirewallIps,
-    /// `hairpin-connections` (set `addr . addr . proto . port`).
+    /// `hairpin-connections` (set `addr . addr . proto . port`). Its elements are not
+    /// [`Element`]s: Services give them as [`ServiceObjects::hairpin`].
     HairpinConnections,
 }
 
@@ -225,6 +226,33 @@ pub fn write_element(
     }
 }
 
+/// An element of `hairpin-connections`, `IP . IP . PROTO . PORT`: an endpoint in use. Kept
+/// apart from the other [`Element`]s because there is one per endpoint (every Service has
+/// some), so the sync state holds these 20 bytes instead of the element's text and claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Hairpin {
+    /// The endpoint's address.
+    pub ip: IpAddr,
+    /// The Service port's protocol.
+    pub protocol: Protocol,
+    /// The endpoint's port.
+    pub port: u16,
+}
+
+impl std::fmt::Display for Hairpin {
+    /// The element as nft writes it: `10.0.1.4 . 10.0.1.4 . tcp . 8080`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} . {} . {} . {}",
+            self.ip,
+            self.ip,
+            self.protocol.as_lower(),
+            self.port
+        )
+    }
+}
+
 /// A chain and its rules (nft rule text, in order).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChainRules {
@@ -250,8 +278,10 @@ pub struct ServiceObjects {
     pub chains: Vec<ChainRules>,
     /// Its affinity sets.
     pub sets: Vec<AffinitySet>,
-    /// Its elements in the shared sets and maps.
+    /// Its elements in the shared sets and maps, but `hairpin-connections`.
     pub elements: Vec<Element>,
+    /// Its elements in `hairpin-connections` (one per endpoint in use and port).
+    pub hairpin: Vec<Hairpin>,
     /// Its endpoints in the snapshot (all ports, used or not).
     pub endpoints: usize,
 }
@@ -594,29 +624,35 @@ impl Ctx<'_> {
     }
 }
 
-/// The `{ 0 : V0 , 1 : V1 , … }` of a `numgen random mod N` lookup over `eps` (upstream's
-/// spacing: knftables joins the tokens with single spaces, so the comma stands alone).
-fn numgen_elements(eps: &[&Endpoint], value: impl Fn(&Endpoint) -> String) -> String {
-    let mut out = String::from("{ ");
+/// Appends the `{ 0 : V0 , 1 : V1 , … }` of a `numgen random mod N` lookup over `eps` to
+/// `out`, each value written by `value` (upstream's spacing: knftables joins the tokens with
+/// single spaces, so the comma stands alone).
+fn numgen_elements(out: &mut String, eps: &[&Endpoint], value: impl Fn(&mut String, &Endpoint)) {
+    out.push_str("{ ");
     for (i, ep) in eps.iter().enumerate() {
         if i > 0 {
             out.push_str(" , ");
         }
-        let _ = write!(out, "{i} : {}", value(ep));
+        let _ = write!(out, "{i} : ");
+        value(out, ep);
     }
     out.push_str(" }");
-    out
 }
 
 /// The rule of a policy chain without affinity: one DNAT through an anonymous map indexed by
 /// a random number, `meta l4proto P dnat ip addr . port to numgen random mod N map { i : IP
 /// . PORT , … }` (IPv6 addresses without brackets, as upstream writes them).
 fn dnat_rule(ip: &str, proto: &str, eps: &[&Endpoint]) -> String {
-    format!(
-        "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {} map {}",
-        eps.len(),
-        numgen_elements(eps, |e| format!("{} . {}", e.ip, e.port))
-    )
+    let mut rule = String::with_capacity(64 + 24 * eps.len());
+    let _ = write!(
+        rule,
+        "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {} map ",
+        eps.len()
+    );
+    numgen_elements(&mut rule, eps, |out, e| {
+        let _ = write!(out, "{} . {}", e.ip, e.port);
+    });
+    rule
 }
 
 fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mut ServiceObjects) {
@@ -756,12 +792,11 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
     // without `nodeName` is not local, yet its pod may well run here. Only a pod on this
     // node can send `ep -> ep`, so the other elements never match.
     for ep in eps.all_reachable.iter() {
-        out.elements.push(element(
-            Container::HairpinConnections,
-            format!("{} . {} . {proto} . {}", ep.ip, ep.ip, ep.port),
-            Verdict::None,
-            false,
-        ));
+        out.hairpin.push(Hairpin {
+            ip: ep.ip,
+            protocol: spn.protocol,
+            port: ep.port,
+        });
     }
 
     // The external chain.
@@ -878,11 +913,12 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
                     let (ep_chain, set) = lookup(ep);
                     rules.push(format!("{ip} saddr @{set} goto {ep_chain}"));
                 }
-                rules.push(format!(
-                    "numgen random mod {} vmap {}",
-                    list.len(),
-                    numgen_elements(list, |ep| format!("goto {}", lookup(ep).0))
-                ));
+                let mut vmap = format!("numgen random mod {} vmap ", list.len());
+                numgen_elements(&mut vmap, list, |out, ep| {
+                    out.push_str("goto ");
+                    out.push_str(lookup(ep).0);
+                });
+                rules.push(vmap);
                 out.chains.push(ChainRules {
                     name: chain.clone(),
                     rules,

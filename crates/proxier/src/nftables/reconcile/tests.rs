@@ -235,11 +235,10 @@ fn a_full_sync_keeps_matching_objects_and_replaces_the_rest() {
 fn the_state_shares_its_texts_and_keeps_one_claim_per_unshared_element() {
     let state = full(&snap(vec![web(&["10.0.2.1"])]));
     let fp = &state.services[&NamespacedName::new("default", "web")];
-    assert_eq!(
-        fp.elements.len(),
-        3,
-        "cluster-ips, service-ips and hairpin-connections"
-    );
+    assert_eq!(fp.elements.len(), 2, "cluster-ips and service-ips");
+    // The hairpin-connections element is kept apart, as 20 bytes (no text, no claim).
+    assert_eq!(fp.hairpin.len(), 1);
+    assert_eq!(state.hairpin.len(), 1);
     for key in fp.elements.iter() {
         let (k, claims) = state.elements.get_key_value(key).unwrap();
         // One allocation for the key, in the map and in the footprint.
@@ -257,4 +256,41 @@ fn the_state_shares_its_texts_and_keeps_one_claim_per_unshared_element() {
         })
         .unwrap();
     assert!(fp.chains.iter().any(|c| Arc::ptr_eq(c, &goto)), "{goto}");
+}
+
+/// Two Services with the same endpoint share its `hairpin-connections` element: it goes
+/// only when the last of them does.
+#[test]
+fn a_shared_hairpin_element_lives_while_a_service_claims_it() {
+    let api = || {
+        (
+            ServiceBuilder::new("api", "10.96.0.20").tcp("", 80).build(),
+            SliceBuilder::new("api")
+                .port("", 8080)
+                .ready("10.0.2.1", "node-b")
+                .build(),
+        )
+    };
+    let mut state = full(&snap(vec![web(&["10.0.2.1"]), api()]));
+    let hairpin = "hairpin-connections {\n\t10.0.2.1 . 10.0.2.1 . tcp . 8080\n}";
+    let payload = partial(
+        &snap(vec![api()]),
+        &names(&[("default", "web")]),
+        &mut state,
+    );
+    assert!(!payload.contains(hairpin), "{payload}");
+    let payload = partial(&snap(vec![]), &names(&[("default", "api")]), &mut state);
+    assert!(
+        payload.contains(&format!("delete element ip kube-proxy {hairpin}")),
+        "{payload}"
+    );
+    assert_eq!(state.elements(), 0);
+    // And back: added once, by the first Service that claims it again.
+    let payload = partial(
+        &snap(vec![web(&["10.0.2.1"]), api()]),
+        &names(&[("default", "api"), ("default", "web")]),
+        &mut state,
+    );
+    assert_eq!(payload.matches(hairpin).count(), 1, "{payload}");
+    assert!(payload.contains(&format!("add element ip kube-proxy {hairpin}")));
 }

@@ -264,11 +264,10 @@ fn the_hairpin_set_holds_every_endpoint_in_use() {
         ],
     );
     let r = render(&s, &RenderConfig::default(), None);
-    let hairpin: Vec<&str> = r.services[&NamespacedName::new("default", "hp")]
-        .elements
+    let hairpin: Vec<String> = r.services[&NamespacedName::new("default", "hp")]
+        .hairpin
         .iter()
-        .filter(|e| e.container == Container::HairpinConnections)
-        .map(|e| e.key.as_str())
+        .map(ToString::to_string)
         .collect();
     assert_eq!(
         hairpin,
