@@ -329,7 +329,8 @@ pub struct ProxyArgs {
     pub iptables_masquerade_bit: u8,
 
     /// Addresses that accept NodePort connections: CIDRs, `primary`, or `all`. Default: `all`
-    /// in iptables mode, `primary` (the node's InternalIP) in nftables mode, as upstream.
+    /// in iptables mode, `primary` (the node's InternalIP) in nftables mode, as upstream; a
+    /// family the Node object gives no address of accepts them on every local address.
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub nodeport_addresses: Vec<String>,
 

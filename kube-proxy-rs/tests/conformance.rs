@@ -402,17 +402,22 @@ fn ipvs_rules(scn: &Scenario, family: IpFamily) -> Rules {
         .copied()
         .filter(|ip| family.contains(ip))
         .collect();
-    let node_ip = in_family.iter().copied().find(|ip| !ip.is_loopback());
-    // NodePorts: the node's non-loopback addresses --nodeport-addresses selects.
+    // NodePorts: the node's non-loopback addresses --nodeport-addresses selects (`primary`:
+    // the Node object's address of the family, as the proxier resolves it).
     let npa = NodePortAddresses::parse(&s.nodeport_addresses).unwrap();
-    let nodeport_ips: Vec<std::net::IpAddr> = if npa.match_all(family) {
+    let nodeport_ips: Vec<std::net::IpAddr> = if npa.match_all(family, &snap.node_ips) {
         in_family.clone()
     } else {
-        npa.node_ips(family, &in_family, &node_ip.into_iter().collect::<Vec<_>>())
+        npa.node_ips(family, &in_family, &snap.node_ips)
     }
     .into_iter()
     .filter(|ip| !ip.is_loopback())
     .collect();
+    let node_ip = snap
+        .node_ips
+        .first()
+        .copied()
+        .or_else(|| nodeport_ips.first().copied());
     let cfg = RenderConfig {
         masquerade_all: s.masquerade_all,
         local: local_detector(s).for_family(family, &scn.node.pod_cidrs),

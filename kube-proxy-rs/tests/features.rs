@@ -16,8 +16,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use common::{
-    Daemon, Mode, NODE_ARGS, dns_cluster, feature_cluster, feature_topology, names, nft_table,
-    start_udp_echo, tempdir, write,
+    Daemon, Mode, NODE_ARGS, counts, dns_cluster, feature_cluster, feature_topology, names,
+    nft_table, start_udp_echo, tempdir, write,
 };
 use kp_testkit::{
     ClientError, HttpBackend, Topology, UdpClient, UdpEchoBackend, http_get, http_get_many,
@@ -217,7 +217,7 @@ fn udp_conntrack_entries_follow_endpoint_changes(mode: Mode) {
     args.extend(NODE_ARGS);
     let node = topology.node();
     let mut proxy = Daemon::start(mode, node, dir.path(), &args, None);
-    proxy.wait_nat_rules_contain(node, "10.0.1.4:5353");
+    proxy.wait_nat_rules_contain(node, &mode.endpoint_in_rules("10.0.1.4:5353"));
 
     // A resolver-like client: one socket, one source port, a query every 100 ms.
     let vip: SocketAddr = "10.96.0.53:53".parse().unwrap();
@@ -277,6 +277,145 @@ fn ipv6_cluster_ip_and_node_port_iptables() {
 #[test]
 fn ipv6_cluster_ip_and_node_port_nftables() {
     common::ipv6_cluster_ip_and_node_port(Mode::Nftables);
+}
+
+/// `unnamed` (ClusterIP 10.96.0.71:80) whose EndpointSlice lists be0 (10.0.1.4, a pod on
+/// this node) without `nodeName` and be1 (10.0.2.5) on node-b.
+const NO_NODE_NAME_CLUSTER: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: unnamed, namespace: default}
+spec:
+  clusterIP: 10.96.0.71
+  ports: [{port: 80, targetPort: 80}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: unnamed-1
+  namespace: default
+  labels: {kubernetes.io/service-name: unnamed}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.1.4]
+- addresses: [10.0.2.5]
+  nodeName: node-b
+ports: [{name: "", port: 80, protocol: TCP}]
+"#;
+
+/// Hairpin with an EndpointSlice entry without `nodeName`: be0 reaches its own Service and
+/// is answered by itself too, which needs the masquerade (the reply would otherwise go
+/// straight back inside be0, from 10.0.1.4 instead of the ClusterIP). iptables mode's KUBE-SEP
+/// chains mark every endpoint; nftables mode puts every endpoint in `hairpin-connections`,
+/// as upstream v1.36 does (before: only this node's endpoints, so be0 was left out).
+fn hairpin_without_node_name(mode: Mode) {
+    if !require_root() {
+        return;
+    }
+    let topology = feature_topology();
+    let _http = topology.start_http(80).unwrap();
+    let dir = tempdir();
+    let manifest = write(dir.path(), "cluster.yaml", NO_NODE_NAME_CLUSTER);
+    let mut args = vec!["--manifests", manifest.to_str().unwrap()];
+    args.extend(NODE_ARGS);
+    let node = topology.node();
+    let mut proxy = Daemon::start(mode, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
+    let pod = topology.backend(0).ns();
+    let answered = counts(http_get_many(
+        pod,
+        "10.96.0.71:80".parse().unwrap(),
+        30,
+        Duration::from_secs(2),
+    ));
+    assert!(
+        answered.get("be0").is_some_and(|n| *n > 0)
+            && answered.get("be1").is_some_and(|n| *n > 0)
+            && answered.keys().all(|k| k == "be0" || k == "be1"),
+        "{answered:?}\n{}",
+        mode.ruleset(node)
+    );
+}
+
+#[test]
+fn hairpin_without_node_name_nftables() {
+    hairpin_without_node_name(Mode::Nftables);
+}
+
+#[test]
+fn hairpin_without_node_name_iptables() {
+    hairpin_without_node_name(Mode::Iptables);
+}
+
+/// `dns` as a NodePort Service (UDP 10.96.0.53:53, NodePort 30053 → 5353) with one endpoint,
+/// be1 (10.0.2.5 on node-b), and no Node object for `k8s-master`.
+const DNS_NODE_PORT_CLUSTER: &str = r#"apiVersion: v1
+kind: Service
+metadata: {name: dns, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.53
+  ports: [{name: dns, port: 53, targetPort: 5353, nodePort: 30053, protocol: UDP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: dns-1
+  namespace: default
+  labels: {kubernetes.io/service-name: dns}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.2.5]
+  nodeName: node-b
+ports: [{name: dns, port: 5353, protocol: UDP}]
+"#;
+
+/// `--nodeport-addresses primary` (nftables mode's default; given explicitly to iptables
+/// mode) with no Node object: as upstream, a family the Node gives no address of accepts
+/// NodePorts on every local address but loopback, so a UDP datagram to node:30053 is
+/// DNATed to the endpoint and answered (before: no rule matched it and the node answered
+/// ICMP port unreachable).
+fn node_port_without_a_node_address(mode: Mode) {
+    if !require_root() {
+        return;
+    }
+    let topology = feature_topology();
+    let _udp = start_udp_echo(&topology, 5353);
+    let dir = tempdir();
+    let manifest = write(dir.path(), "dns.yaml", DNS_NODE_PORT_CLUSTER);
+    let mut args = vec!["--manifests", manifest.to_str().unwrap()];
+    if mode == Mode::Iptables {
+        args.push("--nodeport-addresses=primary");
+    }
+    args.extend(NODE_ARGS);
+    let node = topology.node();
+    let mut proxy = Daemon::start(mode, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
+    let node_ip = topology.node_ip(kp_model::IpFamily::V4).unwrap();
+    let reply = udp_request(
+        topology.client(),
+        SocketAddr::new(node_ip, 30053),
+        b"q",
+        Duration::from_secs(2),
+        None,
+    )
+    .unwrap_or_else(|e| {
+        panic!(
+            "UDP to {node_ip}:30053 was not answered: {e}\n{}\n{}",
+            mode.ruleset(node),
+            proxy.log()
+        )
+    });
+    assert_eq!(reply.text(), "be1");
+}
+
+#[test]
+fn node_port_without_a_node_address_nftables() {
+    node_port_without_a_node_address(Mode::Nftables);
+}
+
+#[test]
+fn node_port_without_a_node_address_iptables() {
+    node_port_without_a_node_address(Mode::Iptables);
 }
 
 /// A LoadBalancer Service with externalTrafficPolicy Local (health-check NodePort 32070,

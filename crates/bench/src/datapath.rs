@@ -75,6 +75,12 @@ const SERVICE_PORT: u16 = 80;
 const BACKEND_PORT: u16 = 8080;
 /// The probed Services' `stream` port and the stream backends' port.
 const STREAM_PORT: u16 = 9000;
+/// Endpoints of a probed Service unless [`DatapathOptions::probe_endpoints`] says otherwise:
+/// one per backend namespace.
+pub const DEFAULT_PROBE_ENDPOINTS: usize = 10;
+/// Backend namespaces of the datapath topology.
+const BACKEND_NAMESPACES: usize = 10;
+
 /// The first source port of latency probes.
 const PROBE_PORT_BASE: u16 = 10_000;
 /// The position label of the [`Mode::Direct`] baseline.
@@ -85,6 +91,10 @@ pub const DIRECT_POSITION: &str = "pod";
 pub struct DatapathOptions {
     /// Latency probes per position (connect probes, and as many request probes).
     pub probes: usize,
+    /// Endpoints of each probed Service (default [`DEFAULT_PROBE_ENDPOINTS`]): spread over
+    /// the ten backend namespaces, each holding as many pod IPs as it takes (a server on
+    /// every IP), so that the per-connection cost of picking among many endpoints shows.
+    pub probe_endpoints: usize,
     /// Seconds of each requests-per-second run.
     pub rps_seconds: f64,
     /// Client threads of the requests-per-second runs.
@@ -361,12 +371,30 @@ pub struct DatapathPoint {
     /// Background Services (each with 10 endpoints), besides the two probed ones (the
     /// direct baseline loads none; the size only places it beside the modes it ran with).
     pub services: usize,
+    /// Endpoints of each probed Service (the direct baseline: pod IPs it rotates over).
+    #[serde(default = "default_probe_endpoints")]
+    pub probe_endpoints: usize,
     /// Loading the rules (the proxier's full sync; 0 ms for the direct baseline).
     pub load: Timed,
     /// Sysctls that could not be set in the namespaces (kernel refused), if any.
     pub sysctl_warnings: Vec<String>,
     /// Per position; empty when the rules could not be loaded.
     pub positions: Vec<PositionResult>,
+}
+
+fn default_probe_endpoints() -> usize {
+    DEFAULT_PROBE_ENDPOINTS
+}
+
+/// The pod IPs of backend `i` when the probed Services have `endpoints` endpoints: the
+/// first is the topology's automatic one (10.244.1.(10+i)); further ones are
+/// 10.244.(1+k).(10+i), so that `endpoints` IPs are spread over the ten backends.
+fn backend_ips(i: usize, endpoints: usize) -> Vec<IpAddr> {
+    let per = endpoints.max(1).div_ceil(BACKEND_NAMESPACES);
+    (0..per)
+        .filter(|k| k * BACKEND_NAMESPACES + i < endpoints.max(BACKEND_NAMESPACES))
+        .map(|k| IpAddr::V4(Ipv4Addr::new(10, 244, 1 + k as u8, 10 + i as u8)))
+        .collect()
 }
 
 fn service_port_info(spn: &ServicePortName, ip: Ipv4Addr, port: u16) -> ServicePortInfo {
@@ -950,6 +978,7 @@ impl Position {
 pub struct Prepared {
     mode: Mode,
     services: usize,
+    probe_endpoints: usize,
     load: Timed,
     warnings: Vec<String>,
     positions: Vec<Position>,
@@ -978,8 +1007,15 @@ impl Prepared {
     /// # Errors
     /// Building the topology (needs root) or starting the backends fails.
     pub fn new(mode: Mode, services: usize, opts: &DatapathOptions) -> anyhow::Result<Prepared> {
-        let topo = Topology::builder()
-            .backends(10)
+        anyhow::ensure!(
+            (1..=2540).contains(&opts.probe_endpoints),
+            "the probed Services need 1 to 2,540 endpoints, not {}",
+            opts.probe_endpoints
+        );
+        let topo = (0..BACKEND_NAMESPACES)
+            .fold(Topology::builder(), |b, i| {
+                b.backend(backend_ips(i, opts.probe_endpoints))
+            })
             .build()
             .context("building the namespace topology")?;
         let mut warnings = Vec::new();
@@ -997,27 +1033,33 @@ impl Prepared {
             set(b.ns(), "net.core.somaxconn", "4096");
         }
         let http_servers = topo.start_http(BACKEND_PORT)?;
-        let backend_ips: Vec<Ipv4Addr> = topo
-            .backends()
-            .iter()
-            .filter_map(|b| match b.ip(kp_model::IpFamily::V4) {
-                Some(IpAddr::V4(ip)) => Some(ip),
-                _ => None,
-            })
-            .collect();
+        // Every pod IP of every backend, IP by IP across the backends (the first
+        // `probe_endpoints` of them are the probed Services' endpoints).
+        let mut backend_ips: Vec<(usize, Ipv4Addr)> = Vec::new();
+        for (i, b) in topo.backends().iter().enumerate() {
+            for ip in b.ips() {
+                if let IpAddr::V4(ip) = ip {
+                    backend_ips.push((i, *ip));
+                }
+            }
+        }
+        backend_ips.sort_by_key(|(i, ip)| (ip.octets()[2], *i));
+        backend_ips.truncate(opts.probe_endpoints);
         anyhow::ensure!(!backend_ips.is_empty(), "the topology has no IPv4 backends");
         let mut stream_servers = Vec::new();
         if opts.bulk_seconds > 0.0 {
-            for (b, ip) in topo.backends().iter().zip(&backend_ips) {
+            for (i, ip) in &backend_ips {
                 stream_servers.push(StreamBackend::start(
-                    b.ns(),
+                    topo.backends()[*i].ns(),
                     SocketAddr::V4(SocketAddrV4::new(*ip, STREAM_PORT)),
                 )?);
             }
         }
+        let backend_ips: Vec<Ipv4Addr> = backend_ips.into_iter().map(|(_, ip)| ip).collect();
         let mut prepared = Prepared {
             mode,
             services,
+            probe_endpoints: backend_ips.len(),
             load: Timed::Ok { ms: 0.0 },
             warnings,
             positions: Vec::new(),
@@ -1119,6 +1161,7 @@ impl Prepared {
         let point = DatapathPoint {
             mode: self.mode.label().into(),
             services: self.services,
+            probe_endpoints: self.probe_endpoints,
             load: self.load.clone(),
             sysctl_warnings: self.warnings.clone(),
             positions,
@@ -1190,9 +1233,42 @@ pub fn datapath_points(
 mod tests {
     use super::*;
 
+    #[test]
+    fn probe_endpoints_are_spread_over_the_ten_backends() {
+        let all = |n| {
+            (0..BACKEND_NAMESPACES)
+                .flat_map(|i| backend_ips(i, n))
+                .collect::<Vec<_>>()
+        };
+        // The default: one automatic pod IP per backend.
+        assert_eq!(backend_ips(3, 10), [IpAddr::from([10, 244, 1, 13])]);
+        assert_eq!(all(1).len(), 10, "every backend keeps one IP");
+        let hundred = all(100);
+        assert_eq!(hundred.len(), 100);
+        assert_eq!(
+            hundred
+                .iter()
+                .collect::<std::collections::BTreeSet<_>>()
+                .len(),
+            100
+        );
+        assert_eq!(
+            backend_ips(9, 100).last(),
+            Some(&IpAddr::from([10, 244, 10, 19]))
+        );
+        assert_eq!(
+            all(25).len(),
+            25,
+            "three IPs for five backends, two for the rest"
+        );
+        assert_eq!(backend_ips(4, 25).len(), 3);
+        assert_eq!(backend_ips(5, 25).len(), 2);
+    }
+
     fn opts(probes: usize, rounds: usize) -> DatapathOptions {
         DatapathOptions {
             probes,
+            probe_endpoints: DEFAULT_PROBE_ENDPOINTS,
             rps_seconds: 1.0,
             concurrency: 1,
             tool_timeout: Duration::from_secs(1),

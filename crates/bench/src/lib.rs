@@ -695,6 +695,8 @@ pub struct AllOptions {
     pub runs: usize,
     /// Latency probes per datapath point and position.
     pub probes: usize,
+    /// Endpoints of each probed Service ([`datapath::DatapathOptions::probe_endpoints`]).
+    pub probe_endpoints: usize,
     /// Seconds per requests-per-second run.
     pub rps_seconds: f64,
     /// Client threads of the requests-per-second runs.
@@ -755,6 +757,7 @@ impl AllOptions {
             datapath_sizes: vec![0, 1000, 5000, 10_000],
             runs: 3,
             probes: 2000,
+            probe_endpoints: datapath::DEFAULT_PROBE_ENDPOINTS,
             rps_seconds: 3.0,
             concurrency: 4,
             tool_timeout: Duration::from_secs(600),
@@ -870,6 +873,7 @@ pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
     }
     let dopts = datapath::DatapathOptions {
         probes: opts.probes,
+        probe_endpoints: opts.probe_endpoints,
         rps_seconds: opts.rps_seconds,
         concurrency: opts.concurrency,
         tool_timeout: opts.tool_timeout,
@@ -909,6 +913,7 @@ pub fn run_all(opts: &AllOptions) -> anyhow::Result<RunReportAlias> {
                 datapath_points.push(datapath::DatapathPoint {
                     mode: mode.label().into(),
                     services: n,
+                    probe_endpoints: opts.probe_endpoints,
                     load: control::Timed::Skipped {
                         reason: "the kernel tool did not load this size in the control-plane run"
                             .into(),

@@ -59,6 +59,10 @@ enum Command {
         /// Latency probes per datapath point and position.
         #[arg(long)]
         probes: Option<usize>,
+        /// Endpoints of each probed Service (default 10, one per backend namespace; more
+        /// give the backends several pod IPs each, up to 2,540).
+        #[arg(long)]
+        probe_endpoints: Option<usize>,
         /// Seconds per requests-per-second run.
         #[arg(long)]
         rps_seconds: Option<f64>,
@@ -272,6 +276,7 @@ fn main() -> anyhow::Result<()> {
             datapath_sizes,
             runs,
             probes,
+            probe_endpoints,
             rps_seconds,
             tool_timeout,
             positions,
@@ -321,6 +326,7 @@ fn main() -> anyhow::Result<()> {
             }
             opts.runs = runs.unwrap_or(opts.runs);
             opts.probes = probes.unwrap_or(opts.probes);
+            opts.probe_endpoints = probe_endpoints.unwrap_or(opts.probe_endpoints);
             opts.rps_seconds = rps_seconds.unwrap_or(opts.rps_seconds);
             opts.bulk_seconds = bulk_seconds.unwrap_or(opts.bulk_seconds);
             opts.rounds = datapath_rounds.unwrap_or(opts.rounds);

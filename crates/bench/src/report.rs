@@ -268,9 +268,14 @@ impl RunReport {
     fn datapath_markdown(&self, s: &mut String) {
         let _ = writeln!(
             s,
-            "\n## Datapath (background Services × 10 endpoints; probed Service first / last in KUBE-SERVICES; `direct`: the pods, no Service)\n\n\
+            "\n## Datapath (background Services × 10 endpoints; probed Service first / last in KUBE-SERVICES, with {} endpoints; `direct`: the pods, no Service)\n\n\
              | mode | Services | position | connect p50 | p90 | p99 | probes (failed) | request p50 / p99 (new conn) | req/s keepalive | req/s new conn | CPU ms / 1k new conn (sys, softirq) | process CPU ms / 1k | relay CPU ms / 1k |\n\
-             |---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+             |---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            self.datapath
+                .iter()
+                .map(|d| d.probe_endpoints)
+                .max()
+                .unwrap_or(10)
         );
         for d in &self.datapath {
             if d.positions.is_empty() {
@@ -808,6 +813,7 @@ mod tests {
         let point = |mode: &str, p: PositionResult| DatapathPoint {
             mode: mode.into(),
             services: 0,
+            probe_endpoints: 10,
             load: crate::control::Timed::Ok { ms: 1.0 },
             sysctl_warnings: Vec::new(),
             positions: vec![p],

@@ -21,6 +21,7 @@ fn ipvs_quick_benchmark() -> Result<(), Failed> {
         datapath_sizes: vec![SERVICES],
         runs: 1,
         probes: 20,
+        probe_endpoints: kp_bench::datapath::DEFAULT_PROBE_ENDPOINTS,
         rps_seconds: 0.3,
         concurrency: 1,
         tool_timeout: Duration::from_secs(120),

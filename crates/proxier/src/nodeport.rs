@@ -3,8 +3,14 @@
 //! Mirrors upstream's `NodePortAddresses`: a list of CIDRs and the keyword `primary` (this
 //! node's primary IP per family, from the Node object). Per family, a list without entries of
 //! that family matches every local address ("MatchAll"), which iptables mode writes as one
-//! `-m addrtype --dst-type LOCAL` rule; otherwise one `-d <ip>` rule per matching local
-//! address.
+//! `-m addrtype --dst-type LOCAL` rule and nftables mode as `fib daddr type local`; otherwise
+//! one `-d <ip>` rule per matching local address (nftables: the `nodeport-ips` set).
+//!
+//! `primary` stands for the node's address of the family only when the Node object has one:
+//! upstream's kube-proxy turns `primary` into `<nodeIP>/32` and `<nodeIP>/128` for the
+//! families it knows a node address of, so a family without one (no Node object, or a
+//! dual-stack node whose Node lists only an IPv4 address) has no entry and matches every
+//! local address.
 
 use std::fmt;
 use std::net::IpAddr;
@@ -63,18 +69,22 @@ impl NodePortAddresses {
         Ok(out)
     }
 
-    /// Whether every local address of `family` accepts NodePorts.
-    pub fn match_all(&self, family: IpFamily) -> bool {
-        !self.primary && !self.cidrs.iter().any(|c| family.contains(&c.addr()))
+    /// Whether every local address of `family` accepts NodePorts: no CIDR of `family` was
+    /// given, and `primary` was not given or `node_ips` (the Node object's addresses, its
+    /// primary first) has no address of `family` (see the module documentation).
+    pub fn match_all(&self, family: IpFamily, node_ips: &[IpAddr]) -> bool {
+        let primary = self.primary && node_ips.iter().any(|ip| family.contains(ip));
+        !primary && !self.cidrs.iter().any(|c| family.contains(&c.addr()))
     }
 
-    /// Whether the loopback address of `family` accepts NodePorts.
-    pub fn contains_loopback(&self, family: IpFamily) -> bool {
+    /// Whether the loopback address of `family` accepts NodePorts (`node_ips` as for
+    /// [`match_all`](Self::match_all)).
+    pub fn contains_loopback(&self, family: IpFamily, node_ips: &[IpAddr]) -> bool {
         let lo: IpAddr = match family {
             IpFamily::V4 => [127, 0, 0, 1].into(),
             IpFamily::V6 => std::net::Ipv6Addr::LOCALHOST.into(),
         };
-        self.match_all(family) || self.cidrs.iter().any(|c| c.contains(&lo))
+        self.match_all(family, node_ips) || self.cidrs.iter().any(|c| c.contains(&lo))
     }
 
     /// The addresses of `family` that accept NodePorts when not [`match_all`](Self::match_all):
@@ -112,9 +122,9 @@ mod tests {
     #[test]
     fn parse_and_match() {
         let all = NodePortAddresses::parse::<&str>(&[]).unwrap();
-        assert!(all.match_all(IpFamily::V4) && all.contains_loopback(IpFamily::V4));
+        assert!(all.match_all(IpFamily::V4, &[]) && all.contains_loopback(IpFamily::V4, &[]));
         let some = NodePortAddresses::parse(&["192.168.56.0/24", "fd00::/64"]).unwrap();
-        assert!(!some.match_all(IpFamily::V4) && !some.contains_loopback(IpFamily::V4));
+        assert!(!some.match_all(IpFamily::V4, &[]) && !some.contains_loopback(IpFamily::V4, &[]));
         let local = [
             ip("127.0.0.1"),
             ip("192.168.56.10"),
@@ -128,17 +138,34 @@ mod tests {
         assert_eq!(some.node_ips(IpFamily::V6, &local, &[]), [ip("fd00::5")]);
         let v4only = NodePortAddresses::parse(&["10.0.0.0/8"]).unwrap();
         assert!(
-            v4only.match_all(IpFamily::V6),
+            v4only.match_all(IpFamily::V6, &[]),
             "a family without CIDRs matches all"
         );
         let lo = NodePortAddresses::parse(&["127.0.0.0/8"]).unwrap();
-        assert!(lo.contains_loopback(IpFamily::V4));
+        assert!(lo.contains_loopback(IpFamily::V4, &[]));
         let primary = NodePortAddresses::parse(&["primary"]).unwrap();
         assert_eq!(
             primary.node_ips(IpFamily::V4, &local, &[ip("192.168.56.10"), ip("1.2.3.4")]),
             [ip("192.168.56.10")]
         );
         assert!(NodePortAddresses::parse(&["nonsense"]).is_err());
+    }
+
+    /// Upstream: `primary` becomes `<nodeIP>/32` and `<nodeIP>/128` for the families the
+    /// Node object gives an address of; a family without one matches every local address.
+    #[test]
+    fn primary_without_a_node_address_of_the_family_matches_all() {
+        let primary = NodePortAddresses::parse(&["primary"]).unwrap();
+        let v4_node = [ip("192.168.56.10")];
+        assert!(!primary.match_all(IpFamily::V4, &v4_node));
+        assert!(primary.match_all(IpFamily::V6, &v4_node));
+        assert!(primary.match_all(IpFamily::V4, &[]));
+        assert!(primary.match_all(IpFamily::V6, &[]));
+        assert!(primary.contains_loopback(IpFamily::V4, &[]));
+        assert!(!primary.contains_loopback(IpFamily::V4, &v4_node));
+        // A CIDR of the family still restricts it.
+        let mixed = NodePortAddresses::parse(&["primary", "fd00::/64"]).unwrap();
+        assert!(!mixed.match_all(IpFamily::V6, &v4_node));
         assert!(NodePortAddresses::parse(&["10.0.0.0/33"]).is_err());
     }
 }

@@ -211,6 +211,15 @@ impl SliceBuilder {
         self
     }
 
+    /// Adds a ready endpoint whose entry has no `nodeName` (manually managed slices, old
+    /// controllers): no node counts it as local.
+    pub fn ready_without_node(mut self, address: &str) -> Self {
+        self.slice
+            .endpoints
+            .push(EndpointEntry::ready(ip(address), None));
+        self
+    }
+
     /// Adds an endpoint with explicit conditions.
     pub fn endpoint(
         mut self,

@@ -278,10 +278,12 @@ fn scenario(
 pub fn scenarios() -> Vec<Scenario> {
     let mut out = vec![
         cluster_ip(),
+        hairpin_without_node_name(),
         ports_and_protocols(),
         no_endpoints(),
         node_ports(),
         node_port_addresses(),
+        node_port_primary_without_node_address(),
         external_and_load_balancer_ips(),
         source_ranges(),
         external_policy_local(),
@@ -448,6 +450,12 @@ fn add_ipvs_exceptions(scenarios: &mut [Scenario]) {
             "no local endpoint: node traffic still served",
             r1_kept(),
             IPVS_LOCAL_FALLBACK,
+        ),
+        (
+            "hairpin: EndpointSlice entries without nodeName",
+            "the pod reaching itself is masqueraded",
+            Expect::Backends(vec![("10.0.1.6:8080", false), (R1, false)]),
+            "IPVS mode masquerades hairpin traffic through KUBE-LOOP-BACK, which upstream fills with this node's endpoints only (kubernetes PR #66149); an entry without nodeName is not one",
         ),
         (
             "internalTrafficPolicy: Local",
@@ -658,6 +666,49 @@ fn cluster_ip_rows() -> Scenario {
                 "10.96.0.10",
                 0,
                 Expect::Unchanged,
+            ),
+        ],
+    )
+}
+
+/// A pod reaching itself through its Service when its EndpointSlice entry has no
+/// `nodeName`: upstream masquerades it in both modes (iptables: every KUBE-SEP chain's `-s
+/// <endpoint> -j KUBE-MARK-MASQ`; nftables v1.36: every endpoint of the Service in
+/// `hairpin-connections`), or the reply would go straight back inside the pod and miss the
+/// reverse NAT.
+fn hairpin_without_node_name() -> Scenario {
+    scenario(
+        "hairpin: EndpointSlice entries without nodeName",
+        vec![
+            ServiceBuilder::new("default/unnamed", "10.96.0.13")
+                .tcp("", 80)
+                .build(),
+        ],
+        vec![
+            SliceBuilder::new("unnamed")
+                .port("", 8080)
+                .ready_without_node("10.0.1.6")
+                .ready("10.0.2.5", "node-b")
+                .build(),
+        ],
+        vec![
+            row(
+                "the pod reaching itself is masqueraded",
+                pod(),
+                "10.0.1.6",
+                TCP,
+                "10.96.0.13",
+                80,
+                Expect::Backends(vec![("10.0.1.6:8080", true), (R1, false)]),
+            ),
+            row(
+                "another pod is not",
+                pod(),
+                POD,
+                TCP,
+                "10.96.0.13",
+                80,
+                Expect::Backends(vec![("10.0.1.6:8080", false), (R1, false)]),
             ),
         ],
     )
@@ -968,6 +1019,81 @@ fn node_port_addresses() -> Scenario {
         ],
     );
     s.settings.nodeport_addresses = vec!["192.168.56.0/24"];
+    s
+}
+
+/// `--nodeport-addresses primary` (nftables mode's default) on a dual-stack node whose Node
+/// object lists only its IPv4 address: upstream turns `primary` into the node's address for
+/// the families it knows one of, and a family without one accepts NodePorts on every local
+/// address but loopback (iptables: `--dst-type LOCAL`; nftables: `fib daddr type local`).
+fn node_port_primary_without_node_address() -> Scenario {
+    let mut s = scenario(
+        "--nodeport-addresses primary, the Node lists no IPv6 address",
+        vec![
+            ServiceBuilder::new("default/dns", "10.96.0.42")
+                .also_cluster_ip("fd00:96::42")
+                .udp("dns", 53)
+                .node_port(30053)
+                .build(),
+            ServiceBuilder::new("default/dns-empty", "10.96.0.43")
+                .also_cluster_ip("fd00:96::43")
+                .tcp("dns-tcp", 53)
+                .node_port(30054)
+                .build(),
+        ],
+        vec![
+            SliceBuilder::new("dns")
+                .port_proto("dns", Protocol::Udp, 5353)
+                .ready("10.0.2.5", "node-b")
+                .build(),
+            SliceBuilder::new("dns")
+                .named("dns-v6")
+                .ipv6()
+                .port_proto("dns", Protocol::Udp, 5353)
+                .ready("fd00:10:2::5", "node-b")
+                .build(),
+        ],
+        vec![
+            row(
+                "IPv4: the Node's address accepts the NodePort",
+                From::External,
+                EXT,
+                UDP,
+                NODE_IP,
+                30053,
+                Expect::Backends(vec![("10.0.2.5:5353", true)]),
+            ),
+            row(
+                "IPv4: another local address does not (primary only)",
+                From::External,
+                EXT,
+                UDP,
+                "10.0.1.1",
+                30053,
+                Expect::Unchanged,
+            ),
+            row(
+                "IPv6 without a Node address: every local address accepts the NodePort",
+                From::External,
+                "2001:db8::7",
+                UDP,
+                NODE_IP6,
+                30053,
+                Expect::Backends(vec![("[fd00:10:2::5]:5353", true)]),
+            ),
+            row(
+                "IPv6 without a Node address: a NodePort without endpoints is rejected",
+                From::External,
+                "2001:db8::7",
+                TCP,
+                NODE_IP6,
+                30054,
+                Expect::Reject,
+            ),
+        ],
+    );
+    s.settings.nodeport_addresses = vec!["primary"];
+    s.node.addresses = vec![ip(NODE_IP)];
     s
 }
 

@@ -799,8 +799,9 @@ fn numgen_matches_interval_sets_and_other_statements() {
     if !require_root() {
         return;
     }
-    // `numgen random mod 2 0 ... dnat` followed by a fallback rule (the shape kube-proxy-rs'
-    // own nftables mode writes), a hairpin set tested after DNAT, interval sets (prefix,
+    // `numgen random mod 2 0 ... dnat` followed by a fallback rule (the iptables-like cascade
+    // kube-proxy-rs' nftables mode wrote before it took upstream's one `numgen … map`
+    // lookup), a hairpin set tested after DNAT, interval sets (prefix,
     // range, concatenation with a port range), `fib daddr type != local`, SNAT to a range.
     let rules = load(
         r#"

@@ -4,8 +4,10 @@
 //!
 //! * `upstream-svc1`: upstream kube-proxy's fixed rules and one ClusterIP Service (the
 //!   rules of `tests/nft.rs` and `tests/nft_json.rs`), listed with `nft -a` (handles);
-//! * `every-feature`: our nftables proxier's `every_feature` render (affinity, source
-//!   ranges, NodePorts, services without endpoints, hairpin), as `--dry-run` prints it.
+//! * `every-feature`: our nftables proxier's `every_feature` render (affinity with its
+//!   `numgen … vmap`, upstream's `dnat ip addr . port to numgen … map`, source ranges as
+//!   `ip saddr != { … } drop`, NodePorts, services without endpoints, hairpin), as
+//!   `--dry-run` prints it.
 //!
 //! The property: the text and the JSON of one ruleset give the same IR and the same
 //! traces; the script gives the same traces. `tests/nft.rs` checks the same against the
@@ -45,6 +47,7 @@ fn packets() -> Vec<Packet> {
         ("10.96.0.10", 80),
         ("10.96.0.11", 80),
         ("10.96.0.12", 80),
+        ("10.96.0.13", 80),
         ("198.51.100.7", 80),
         ("203.0.113.10", 80),
         ("192.168.0.2", 3001),
@@ -176,6 +179,41 @@ fn the_every_feature_trace_reaches_the_endpoints_through_the_text() {
     assert_eq!(t.outcomes.len(), 2, "{out}");
     assert!(out.contains("DNAT 10.0.1.4:8080"), "{out}");
     assert!(out.contains("DNAT 10.0.2.5:8080"), "{out}");
+    // Upstream's `dnat ip addr . port to numgen random mod 2 map { … }`, as `nft list`
+    // prints it (`dnat ip to numgen …`): one branch per endpoint, 50% each.
+    let p = Packet::tcp(
+        ip("10.0.0.9"),
+        40000,
+        ip("10.96.0.13"),
+        80,
+        Entry::Pod { iface: None },
+    );
+    let t = trace_nft(&rules, &host(), &p).unwrap();
+    let out = render_text(&t, &p);
+    assert_eq!(t.outcomes.len(), 2, "{out}");
+    for o in &t.outcomes {
+        assert!((o.probability - 0.5).abs() < 1e-9, "{out}");
+    }
+    assert!(out.contains("DNAT 10.0.1.7:8080"), "{out}");
+    assert!(out.contains("DNAT 10.0.2.7:8080"), "{out}");
+    // `ip saddr != { ranges } drop`: a source outside the ranges is dropped before DNAT.
+    let p = Packet::tcp(
+        ip("198.18.0.1"),
+        40000,
+        ip("198.51.100.7"),
+        80,
+        Entry::External {
+            iface: Some("eth0".into()),
+        },
+    );
+    let t = trace_nft(&rules, &host(), &p).unwrap();
+    assert!(
+        t.outcomes
+            .iter()
+            .all(|o| o.verdict == kp_trace::Verdict::Drop),
+        "{}",
+        render_text(&t, &p)
+    );
 }
 
 #[test]

@@ -134,6 +134,16 @@ impl Mode {
         }
     }
 
+    /// How an IPv4 endpoint `ip:port` a Service DNATs to shows in [`Mode::ruleset`]:
+    /// `--to-destination 10.0.1.2:80`, `-r 10.0.1.2:80`, or an element of nftables mode's
+    /// `dnat ip to numgen random mod N map { 0 : 10.0.1.2 . 80, … }`.
+    pub fn endpoint_in_rules(self, endpoint: &str) -> String {
+        match (self, endpoint.rsplit_once(':')) {
+            (Mode::Nftables, Some((ip, port))) => format!("{ip} . {port}"),
+            _ => endpoint.to_string(),
+        }
+    }
+
     /// The log message of a successful sync (with `-v=2`).
     pub fn synced_message(self) -> &'static str {
         match self {

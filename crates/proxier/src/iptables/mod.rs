@@ -32,6 +32,7 @@ pub mod reconcile;
 pub mod render;
 pub mod tree;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -286,10 +287,13 @@ impl<I: Iptables> IptablesProxier<I> {
         &self.ipt
     }
 
-    fn localhost_nodeports(&self) -> bool {
+    fn localhost_nodeports(&self, node_ips: &[IpAddr]) -> bool {
         self.family == IpFamily::V4
             && self.cfg.localhost_nodeports
-            && self.cfg.nodeport_addresses.contains_loopback(IpFamily::V4)
+            && self
+                .cfg
+                .nodeport_addresses
+                .contains_loopback(IpFamily::V4, node_ips)
     }
 
     /// The render settings for `snap`, resolving NodePort addresses against the node.
@@ -297,7 +301,11 @@ impl<I: Iptables> IptablesProxier<I> {
     /// # Errors
     /// [`ProxierError::Host`] when local addresses are needed and cannot be read.
     pub fn render_config(&self, snap: &Snapshot) -> Result<RenderConfig, ProxierError> {
-        let nodeport_ips = if self.cfg.nodeport_addresses.match_all(self.family) {
+        let nodeport_ips = if self
+            .cfg
+            .nodeport_addresses
+            .match_all(self.family, &snap.node_ips)
+        {
             None
         } else {
             let local = self
@@ -321,7 +329,7 @@ impl<I: Iptables> IptablesProxier<I> {
                 .local_detector
                 .for_family(self.family, &snap.node_pod_cidrs),
             random_fully: self.random_fully,
-            localhost_nodeports: self.localhost_nodeports(),
+            localhost_nodeports: self.localhost_nodeports(&snap.node_ips),
             nodeport_ips,
             drop_invalid: !self.cfg.conntrack_tcp_be_liberal,
             kube_firewall: self.family == IpFamily::V4,
@@ -339,12 +347,12 @@ impl<I: Iptables> IptablesProxier<I> {
         Ok(render::render(snap, &self.render_config(snap)?, None))
     }
 
-    fn setup(&mut self) {
+    fn setup(&mut self, snap: &Snapshot) {
         if self.setup_done {
             return;
         }
         self.setup_done = true;
-        if self.localhost_nodeports() {
+        if self.localhost_nodeports(&snap.node_ips) {
             match self.host.set_sysctl(ROUTE_LOCALNET, "1") {
                 Ok(()) => debug!("set {ROUTE_LOCALNET}=1 for localhost NodePorts"),
                 Err(e) => {
@@ -519,7 +527,7 @@ impl<I: Iptables> Proxier for IptablesProxier<I> {
     }
 
     fn sync(&mut self, snap: &Snapshot, changes: &Changes) -> Result<SyncReport, ProxierError> {
-        self.setup();
+        self.setup(snap);
         let full = self.needs_full || changes.full_resync_needed;
         // Until this sync succeeds, the next one must be full.
         self.needs_full = true;

@@ -398,7 +398,11 @@ impl<I: Iptables> IpvsProxier<I> {
                 && !ip.is_loopback()
                 && !matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local())
         };
-        let nodeport_ips: Vec<IpAddr> = if self.cfg.nodeport_addresses.match_all(self.family) {
+        let nodeport_ips: Vec<IpAddr> = if self
+            .cfg
+            .nodeport_addresses
+            .match_all(self.family, &snap.node_ips)
+        {
             other.iter().copied().filter(usable).collect()
         } else {
             let local: Vec<IpAddr> = other.iter().copied().collect();

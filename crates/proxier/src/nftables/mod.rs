@@ -16,10 +16,11 @@
 //! asks for it at once; the table needs no object of its own for this, so its layout stays
 //! upstream's.
 //!
-//! Differences from upstream are listed in `docs/nftables.md`: no anonymous sets or maps per
-//! Service (one `numgen random mod (n-i) 0` rule per endpoint instead), source ranges as one
-//! rule per range, stale chains deleted in the same transaction, the `nodeport-ips` set kept
-//! in step with the node's addresses on every sync, and the `cluster-ips-check` drop of
+//! The rules are upstream v1.36's, rule for rule (endpoint selection by one `numgen random
+//! mod N` map lookup, source ranges as `ip saddr != { … } drop`, every endpoint in
+//! `hairpin-connections`). Differences in how the table is maintained are listed in
+//! `docs/nftables.md`: stale chains deleted in the same transaction, the `nodeport-ips` set
+//! kept in step with the node's addresses on every sync, and the `cluster-ips-check` drop of
 //! unallocated addresses of the Service CIDRs rewritten by the next sync, partial or full,
 //! when the ServiceCIDRs change (upstream waits for its next full sync).
 
@@ -165,7 +166,11 @@ impl<N: Nft> NftablesProxier<N> {
     /// # Errors
     /// [`ProxierError::Host`] when local addresses are needed and cannot be read.
     pub fn render_config(&self, snap: &Snapshot) -> Result<RenderConfig, ProxierError> {
-        let nodeport_ips = if self.cfg.nodeport_addresses.match_all(self.family) {
+        let nodeport_ips = if self
+            .cfg
+            .nodeport_addresses
+            .match_all(self.family, &snap.node_ips)
+        {
             None
         } else {
             let local = self

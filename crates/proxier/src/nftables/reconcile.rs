@@ -53,7 +53,7 @@ use super::names::{
     is_affinity_set,
 };
 use super::render::{
-    AffinitySet, BASE_CHAINS, ChainRules, Container, FIXED_CHAINS, NODEPORT_IPS_COMMENT,
+    AffinitySet, BASE_CHAINS, ChainRules, Container, FIXED_CHAINS, Hairpin, NODEPORT_IPS_COMMENT,
     REJECT_CHAIN_COMMENT, RenderConfig, Rendered, ServiceObjects, ServiceSet, Verdict,
     cluster_ips_check, fixed_chains, ip_word, nodeport_ip_elements, nodeport_ips_declaration,
     write_element,
@@ -127,6 +127,8 @@ struct Footprint {
     chains: Box<[Text]>,
     sets: Box<[(Text, u32)]>,
     elements: Box<[ElemKey]>,
+    /// Its `hairpin-connections` elements, sorted, each once.
+    hairpin: Box<[Hairpin]>,
     rules: usize,
     /// Rules in its `firewall-` chains (filter hooks).
     filter_rules: usize,
@@ -144,6 +146,9 @@ pub struct State {
     /// Every element and the Services claiming it, sorted by Service; the first one's data is
     /// what the kernel holds. In the order of the payload's element commands.
     elements: BTreeMap<ElemKey, Vec<Claim>>,
+    /// Every `hairpin-connections` element and how many Services claim it (a set element
+    /// has no value, so the claimants need not be known).
+    hairpin: BTreeMap<Hairpin, u32>,
     nodeport_ips: Vec<IpAddr>,
     /// The Service CIDRs `cluster-ips-check` drops unallocated addresses of.
     service_cidrs: Vec<IpNet>,
@@ -190,12 +195,15 @@ impl State {
 
     /// Elements in the shared sets and maps (not counting `nodeport-ips`).
     pub fn elements(&self) -> usize {
-        self.elements.len()
+        self.elements.len() + self.hairpin.len()
     }
 
     /// Records `objs` as what Service `name` puts into the table.
     fn add_service(&mut self, name: &NamespacedName, objs: &ServiceObjects) {
         let fp = footprint(&mut self.elements, name, objs);
+        for h in fp.hairpin.iter() {
+            *self.hairpin.entry(*h).or_insert(0) += 1;
+        }
         self.service_rules += fp.rules;
         self.service_filter_rules += fp.filter_rules;
         self.endpoints += fp.endpoints;
@@ -382,7 +390,11 @@ fn footprint(
         }
         keys.push(key);
     }
+    let mut hairpin = objs.hairpin.clone();
+    hairpin.sort_unstable();
+    hairpin.dedup();
     Footprint {
+        hairpin: hairpin.into_boxed_slice(),
         sets: objs
             .sets
             .iter()
@@ -632,6 +644,13 @@ pub fn write_full(
     // element texts, since a key is never a prefix of another key of its container followed
     // by a character below the space that follows a key).
     for container in Container::ALL {
+        if container == Container::HairpinConnections {
+            w.stats.elements_added +=
+                w.elements("add", container.name(), state.hairpin.keys(), |out, h| {
+                    let _ = write!(out, "{h}");
+                });
+            continue;
+        }
         let lo = (container, Text::from(""));
         let claimed = state
             .elements
@@ -688,6 +707,32 @@ pub fn partial_payload(
         .iter()
         .map(|k| state.effective(k).cloned())
         .collect();
+    // Hairpin elements: present before, and after.
+    let mut hairpin_before: BTreeMap<Hairpin, bool> = BTreeMap::new();
+    for (_, fp) in &old {
+        for h in fp.hairpin.iter() {
+            hairpin_before.insert(*h, true);
+        }
+    }
+    for name in changed {
+        if let Some(objs) = rendered.services.get(name) {
+            for h in &objs.hairpin {
+                hairpin_before
+                    .entry(*h)
+                    .or_insert_with(|| state.hairpin.contains_key(h));
+            }
+        }
+    }
+    for (_, fp) in &old {
+        for h in fp.hairpin.iter() {
+            if let Some(n) = state.hairpin.get_mut(h) {
+                *n -= 1;
+                if *n == 0 {
+                    state.hairpin.remove(h);
+                }
+            }
+        }
+    }
     // Withdraw the old claims, then record the new ones.
     for (name, fp) in &old {
         for key in &fp.elements {
@@ -756,6 +801,25 @@ pub fn partial_payload(
             let _ = out.write_str(key);
         });
     }
+    // Hairpin elements whose presence changed: gone, and new.
+    let hairpin_gone: Vec<&Hairpin> = hairpin_before
+        .iter()
+        .filter(|(h, was)| **was && !state.hairpin.contains_key(*h))
+        .map(|(h, _)| h)
+        .collect();
+    let hairpin_new: Vec<&Hairpin> = hairpin_before
+        .iter()
+        .filter(|(h, was)| !**was && state.hairpin.contains_key(*h))
+        .map(|(h, _)| h)
+        .collect();
+    w.stats.elements_deleted += w.elements(
+        "delete",
+        Container::HairpinConnections.name(),
+        hairpin_gone,
+        |out, h| {
+            let _ = write!(out, "{h}");
+        },
+    );
     for (_, fp) in &old {
         for (set, timeout) in &fp.sets {
             if new_sets.get(&**set) != Some(timeout) {
@@ -797,6 +861,14 @@ pub fn partial_payload(
             write_claimed(out, key, &data);
         });
     }
+    w.stats.elements_added += w.elements(
+        "add",
+        Container::HairpinConnections.name(),
+        hairpin_new,
+        |out, h| {
+            let _ = write!(out, "{h}");
+        },
+    );
 
     // NodePort addresses may change without any event (a local address came or went).
     if cfg.nodeport_ips.is_some() {

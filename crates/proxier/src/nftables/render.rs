@@ -7,14 +7,17 @@
 //! - [`ServiceObjects`] per Service: its chains with their rules, its affinity sets, and the
 //!   elements it contributes to the shared sets and maps ([`Element`]).
 //!
-//! Endpoint selection uses no anonymous set or map (they make `nft -f` super-linear in the
-//! number of Services): a Service chain holds one rule per endpoint,
-//! `numgen random mod (n-i) 0 … dnat to EP` for endpoint `i` of `n` and an unconditional rule
-//! for the last one, so each rule draws its own number and the choice is uniform (the same
-//! trick as iptables' `-m statistic --probability 1/(n-i)`). Endpoint chains exist only for
-//! Services with session affinity, as upstream does.
+//! Endpoint selection is upstream v1.36's, one lookup per new connection whatever the number
+//! of endpoints: a policy chain (`service-…`, `local-…`) holds one rule,
+//! `meta l4proto P dnat ip addr . port to numgen random mod N map { 0 : IP . PORT , … }`;
+//! with session affinity it holds one `ip saddr @affinity-X goto endpoint-X` per endpoint and
+//! then `numgen random mod N vmap { 0 : goto endpoint-X , … }`, and each `endpoint-` chain
+//! records the client and DNATs. Endpoint chains exist only for Services with session
+//! affinity, as upstream's. Hairpin traffic is masqueraded by the `masquerading` chain through
+//! the `hairpin-connections` set, which holds every endpoint in use.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -81,7 +84,8 @@ pub enum Container {
     NoEndpointNodePorts,
     /// `firewall-ips` (map `addr . proto . port : verdict`).
     FirewallIps,
-    /// `hairpin-connections` (set `addr . addr . proto . port`).
+    /// `hairpin-connections` (set `addr . addr . proto . port`). Its elements are not
+    /// [`Element`]s: Services give them as [`ServiceObjects::hairpin`].
     HairpinConnections,
 }
 
@@ -228,6 +232,33 @@ pub fn write_element(
     }
 }
 
+/// An element of `hairpin-connections`, `IP . IP . PROTO . PORT`: an endpoint in use. Kept
+/// apart from the other [`Element`]s because there is one per endpoint (every Service has
+/// some), so the sync state holds these 20 bytes instead of the element's text and claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Hairpin {
+    /// The endpoint's address.
+    pub ip: IpAddr,
+    /// The Service port's protocol.
+    pub protocol: Protocol,
+    /// The endpoint's port.
+    pub port: u16,
+}
+
+impl std::fmt::Display for Hairpin {
+    /// The element as nft writes it: `10.0.1.4 . 10.0.1.4 . tcp . 8080`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} . {} . {} . {}",
+            self.ip,
+            self.ip,
+            self.protocol.as_lower(),
+            self.port
+        )
+    }
+}
+
 /// A chain and its rules (nft rule text, in order).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ChainRules {
@@ -253,8 +284,10 @@ pub struct ServiceObjects {
     pub chains: Vec<ChainRules>,
     /// Its affinity sets.
     pub sets: Vec<AffinitySet>,
-    /// Its elements in the shared sets and maps.
+    /// Its elements in the shared sets and maps, but `hairpin-connections`.
     pub elements: Vec<Element>,
+    /// Its elements in `hairpin-connections` (one per endpoint in use and port).
+    pub hairpin: Vec<Hairpin>,
     /// Its endpoints in the snapshot (all ports, used or not).
     pub endpoints: usize,
 }
@@ -614,21 +647,35 @@ impl Ctx<'_> {
     }
 }
 
-/// The rules that pick one of `eps` uniformly: `numgen random mod (n-i) 0 ACTION` for every
-/// endpoint but the last, whose rule is unconditional.
-fn selection_rules(
-    rules: &mut Vec<String>,
-    eps: &[&Endpoint],
-    action: impl Fn(&Endpoint) -> String,
-) {
-    let n = eps.len();
+/// Appends the `{ 0 : V0 , 1 : V1 , … }` of a `numgen random mod N` lookup over `eps` to
+/// `out`, each value written by `value` (upstream's spacing: knftables joins the tokens with
+/// single spaces, so the comma stands alone).
+fn numgen_elements(out: &mut String, eps: &[&Endpoint], value: impl Fn(&mut String, &Endpoint)) {
+    out.push_str("{ ");
     for (i, ep) in eps.iter().enumerate() {
-        if i + 1 < n {
-            rules.push(format!("numgen random mod {} 0 {}", n - i, action(ep)));
-        } else {
-            rules.push(action(ep));
+        if i > 0 {
+            out.push_str(" , ");
         }
+        let _ = write!(out, "{i} : ");
+        value(out, ep);
     }
+    out.push_str(" }");
+}
+
+/// The rule of a policy chain without affinity: one DNAT through an anonymous map indexed by
+/// a random number, `meta l4proto P dnat ip addr . port to numgen random mod N map { i : IP
+/// . PORT , … }` (IPv6 addresses without brackets, as upstream writes them).
+fn dnat_rule(ip: &str, proto: &str, eps: &[&Endpoint]) -> String {
+    let mut rule = String::with_capacity(64 + 24 * eps.len());
+    let _ = write!(
+        rule,
+        "meta l4proto {proto} dnat {ip} addr . port to numgen random mod {} map ",
+        eps.len()
+    );
+    numgen_elements(&mut rule, eps, |out, e| {
+        let _ = write!(out, "{} . {}", e.ip, e.port);
+    });
+    rule
 }
 
 fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mut ServiceObjects) {
@@ -762,14 +809,17 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
             ));
         }
     }
-    // Hairpin: a local endpoint reaching itself through the Service is masqueraded.
-    for ep in eps.all_reachable.iter().filter(|e| e.is_local) {
-        out.elements.push(element(
-            Container::HairpinConnections,
-            format!("{} . {} . {proto} . {}", ep.ip, ep.ip, ep.port),
-            Verdict::None,
-            false,
-        ));
+    // Hairpin: an endpoint reaching itself through the Service is masqueraded. Every
+    // endpoint in use goes into the set, as upstream v1.36 does (and as iptables mode's
+    // `-s <endpoint> -j KUBE-MARK-MASQ` in every KUBE-SEP chain): an EndpointSlice entry
+    // without `nodeName` is not local, yet its pod may well run here. Only a pod on this
+    // node can send `ep -> ep`, so the other elements never match.
+    for ep in eps.all_reachable.iter() {
+        out.hairpin.push(Hairpin {
+            ip: ep.ip,
+            protocol: spn.protocol,
+            port: ep.port,
+        });
     }
 
     // The external chain.
@@ -814,26 +864,26 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
         });
     }
 
-    // The firewall chain: allowed sources return to the base chain, the rest is dropped.
+    // The firewall chain, upstream's one rule: sources outside the ranges are dropped, the
+    // rest returns to `firewall-check`. When a range holds the node's primary address, the LB
+    // IPs are allowed too (a VIP bound on the node makes the node's own requests come from it).
     if uses_firewall_chain {
-        let mut rules = Vec::new();
-        let mut allow_from_node = false;
-        for range in &svc.load_balancer_source_ranges {
-            rules.push(format!("{ip} saddr {range} return"));
-            allow_from_node |= snap.node_ips.iter().any(|a| range.contains(a));
+        let node_ip = snap.node_ips.first();
+        let mut sources: Vec<String> = svc
+            .load_balancer_source_ranges
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        if node_ip.is_some_and(|a| {
+            svc.load_balancer_source_ranges
+                .iter()
+                .any(|r| r.contains(a))
+        }) {
+            sources.extend(svc.load_balancer_vips.iter().map(ToString::to_string));
         }
-        if allow_from_node {
-            for addr in &svc.load_balancer_vips {
-                rules.push(format!("{ip} saddr {addr} return"));
-            }
-        }
-        rules.push(format!(
-            "drop comment {}",
-            quote(&format!("{spn_text} loadBalancerSourceRanges"))
-        ));
         out.chains.push(ChainRules {
             name: names.firewall.clone(),
-            rules,
+            rules: vec![format!("{ip} saddr != {{ {} }} drop", sources.join(" , "))],
         });
     }
 
@@ -852,11 +902,9 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
                 if !used {
                     continue;
                 }
-                let mut rules = Vec::with_capacity(list.len());
-                selection_rules(&mut rules, list, dnat);
                 out.chains.push(ChainRules {
                     name: chain.clone(),
-                    rules,
+                    rules: vec![dnat_rule(ip, proto, list)],
                 });
             }
         }
@@ -883,12 +931,17 @@ fn write_service(ctx: &Ctx<'_>, snap: &Snapshot, svc: &ServicePortInfo, out: &mu
                 if !used {
                     continue;
                 }
-                let mut rules = Vec::with_capacity(2 * list.len());
+                let mut rules = Vec::with_capacity(list.len() + 1);
                 for ep in list.iter() {
                     let (ep_chain, set) = lookup(ep);
                     rules.push(format!("{ip} saddr @{set} goto {ep_chain}"));
                 }
-                selection_rules(&mut rules, list, |ep| format!("goto {}", lookup(ep).0));
+                let mut vmap = format!("numgen random mod {} vmap ", list.len());
+                numgen_elements(&mut vmap, list, |out, ep| {
+                    out.push_str("goto ");
+                    out.push_str(lookup(ep).0);
+                });
+                rules.push(vmap);
                 out.chains.push(ChainRules {
                     name: chain.clone(),
                     rules,

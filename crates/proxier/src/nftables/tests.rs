@@ -216,7 +216,8 @@ fn full_sync_then_identical_resyncs() {
         "type filter hook prerouting priority dstnat - 10; policy accept;",
         "type nat hook postrouting priority srcnat; policy accept;",
         "chain service-O4TPQO6D-default/nginx-svc/tcp/ {",
-        "numgen random mod 2 0 meta l4proto tcp dnat to 10.0.0.4:80",
+        // What nft prints for upstream's `dnat ip addr . port to numgen … map { … }`.
+        "meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.0.0.4 . 80, 1 : 10.0.1.2 . 80 }",
         "10.96.138.71 . tcp . 8080 : goto service-O4TPQO6D-default/nginx-svc/tcp/",
         "masquerade fully-random",
     ] {
@@ -581,7 +582,7 @@ fn a_rejected_transaction_changes_nothing_and_the_next_sync_is_full() {
     let report = sync(&mut p, &mut t);
     assert!(report.full);
     let after = listing(&p);
-    assert!(after.contains("10.0.0.5:80") && !after.contains("10.0.1.2:80"));
+    assert!(after.contains("0 : 10.0.0.5 . 80 }") && !after.contains("10.0.1.2 . 80"));
     assert!(after.contains("10.96.0.77 . tcp . 80"));
     assert_eq!(canonical(&p), fresh_listing(&mut t, IpFamily::V4, cfg()));
 }

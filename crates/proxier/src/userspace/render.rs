@@ -238,14 +238,15 @@ pub fn render_table(
     out: &mut dyn Write,
 ) {
     let family = snap.family;
-    let nodeport_ips: Option<Vec<IpAddr>> = if node.nodeport_addresses.match_all(family) {
-        None
-    } else {
-        Some(
-            node.nodeport_addresses
-                .node_ips(family, node.local_addrs, &snap.node_ips),
-        )
-    };
+    let nodeport_ips: Option<Vec<IpAddr>> =
+        if node.nodeport_addresses.match_all(family, &snap.node_ips) {
+            None
+        } else {
+            Some(
+                node.nodeport_addresses
+                    .node_ips(family, node.local_addrs, &snap.node_ips),
+            )
+        };
     let chains: &[&str] = match table {
         Table::Filter => &[KUBE_NODEPORT_NON_LOCAL],
         Table::Nat => &NAT_ORDER,

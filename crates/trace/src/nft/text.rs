@@ -159,7 +159,8 @@ pub(crate) fn expr_text(e: &Expr) -> String {
     }
 }
 
-/// A constant, printed for a value of `kind` (marks in hex, interface names quoted).
+/// A constant, printed for a value of `kind` (marks in hex, interface names quoted;
+/// anonymous sets of addresses and prefixes in ascending order, as `nft list` prints them).
 pub(crate) fn lit_text(l: &Lit, kind: Kind) -> String {
     match l {
         Lit::Num(n) => match kind {
@@ -184,11 +185,38 @@ pub(crate) fn lit_text(l: &Lit, kind: Kind) -> String {
             .collect::<Vec<_>>()
             .join(","),
         Lit::Set(elems) => {
-            let items: Vec<String> = elems.iter().map(|e| elem_text(e, kind)).collect();
+            let mut order: Vec<&SetElem> = elems.iter().collect();
+            // A set of addresses and prefixes in ascending order, as `nft list` prints it
+            // (the kernel keeps an interval set sorted), whatever order a script wrote.
+            let keys: Option<Vec<(std::net::IpAddr, u32)>> =
+                elems.iter().map(address_key).collect();
+            if let Some(keys) = keys {
+                let mut pairs: Vec<(&(std::net::IpAddr, u32), &SetElem)> =
+                    keys.iter().zip(elems).collect();
+                pairs.sort_by_key(|(k, _)| **k);
+                order = pairs.into_iter().map(|(_, e)| e).collect();
+            }
+            let items: Vec<String> = order.iter().map(|e| elem_text(e, kind)).collect();
             format!("{{ {} }}", items.join(", "))
         }
         Lit::SetRef(n) => format!("@{n}"),
         Lit::Verdict(v) => v.to_string(),
+    }
+}
+
+/// The sort key of a set element that is an address or a prefix (`10.0.0.0/8`) without
+/// data; `None` for anything else.
+fn address_key(e: &SetElem) -> Option<(std::net::IpAddr, u32)> {
+    if e.data.is_some() {
+        return None;
+    }
+    match &e.key {
+        Lit::Str(a) => a.parse().ok().map(|ip| (ip, 128)),
+        Lit::Prefix(a, len) => match &**a {
+            Lit::Str(a) => a.parse().ok().map(|ip| (ip, *len)),
+            _ => None,
+        },
+        _ => None,
     }
 }
 

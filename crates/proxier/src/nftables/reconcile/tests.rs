@@ -55,7 +55,7 @@ fn partial(s: &Snapshot, changed: &BTreeSet<NamespacedName>, state: &mut State) 
 }
 
 #[test]
-fn an_endpoint_change_rewrites_one_chain_and_no_element() {
+fn an_endpoint_change_rewrites_one_chain_and_its_hairpin_elements() {
     let mut state = full(&snap(vec![web(&["10.0.2.1", "10.0.2.2"])]));
     let changed = names(&[("default", "web")]);
     let payload = partial(
@@ -66,12 +66,13 @@ fn an_endpoint_change_rewrites_one_chain_and_no_element() {
     assert_eq!(
         payload,
         "flush chain ip kube-proxy service-PFISGYVC-default/web/tcp/\n\
+         delete element ip kube-proxy hairpin-connections {\n\t10.0.2.2 . 10.0.2.2 . tcp . 8080\n}\n\
          table ip kube-proxy {\n\
          \tchain service-PFISGYVC-default/web/tcp/ {\n\
-         \t\tnumgen random mod 2 0 meta l4proto tcp dnat to 10.0.2.1:8080\n\
-         \t\tmeta l4proto tcp dnat to 10.0.2.3:8080\n\
+         \t\tmeta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.0.2.1 . 8080 , 1 : 10.0.2.3 . 8080 }\n\
          \t}\n\
-         }\n"
+         }\n\
+         add element ip kube-proxy hairpin-connections {\n\t10.0.2.3 . 10.0.2.3 . tcp . 8080\n}\n"
     );
     // No Service changed: nothing to send.
     assert_eq!(
@@ -93,6 +94,7 @@ fn losing_all_endpoints_moves_elements_and_deletes_the_chain() {
         payload,
         "flush chain ip kube-proxy service-PFISGYVC-default/web/tcp/\n\
          delete element ip kube-proxy service-ips {\n\t10.96.0.10 . tcp . 80\n}\n\
+         delete element ip kube-proxy hairpin-connections {\n\t10.0.2.1 . 10.0.2.1 . tcp . 8080\n}\n\
          delete chain ip kube-proxy service-PFISGYVC-default/web/tcp/\n\
          add element ip kube-proxy no-endpoint-services {\n\t10.96.0.10 . tcp . 80 comment \"default/web\" : goto reject-chain\n}\n"
     );
@@ -234,6 +236,9 @@ fn the_state_shares_its_texts_and_keeps_one_claim_per_unshared_element() {
     let state = full(&snap(vec![web(&["10.0.2.1"])]));
     let fp = &state.services[&NamespacedName::new("default", "web")];
     assert_eq!(fp.elements.len(), 2, "cluster-ips and service-ips");
+    // The hairpin-connections element is kept apart, as 20 bytes (no text, no claim).
+    assert_eq!(fp.hairpin.len(), 1);
+    assert_eq!(state.hairpin.len(), 1);
     for key in fp.elements.iter() {
         let (k, claims) = state.elements.get_key_value(key).unwrap();
         // One allocation for the key, in the map and in the footprint.
@@ -301,4 +306,41 @@ fn a_service_cidr_change_rewrites_cluster_ips_check_only() {
     );
     assert!(!payload.contains("drop"), "{payload}");
     assert_eq!(state, fresh(&RenderConfig::default()));
+}
+
+/// Two Services with the same endpoint share its `hairpin-connections` element: it goes
+/// only when the last of them does.
+#[test]
+fn a_shared_hairpin_element_lives_while_a_service_claims_it() {
+    let api = || {
+        (
+            ServiceBuilder::new("api", "10.96.0.20").tcp("", 80).build(),
+            SliceBuilder::new("api")
+                .port("", 8080)
+                .ready("10.0.2.1", "node-b")
+                .build(),
+        )
+    };
+    let mut state = full(&snap(vec![web(&["10.0.2.1"]), api()]));
+    let hairpin = "hairpin-connections {\n\t10.0.2.1 . 10.0.2.1 . tcp . 8080\n}";
+    let payload = partial(
+        &snap(vec![api()]),
+        &names(&[("default", "web")]),
+        &mut state,
+    );
+    assert!(!payload.contains(hairpin), "{payload}");
+    let payload = partial(&snap(vec![]), &names(&[("default", "api")]), &mut state);
+    assert!(
+        payload.contains(&format!("delete element ip kube-proxy {hairpin}")),
+        "{payload}"
+    );
+    assert_eq!(state.elements(), 0);
+    // And back: added once, by the first Service that claims it again.
+    let payload = partial(
+        &snap(vec![web(&["10.0.2.1"]), api()]),
+        &names(&[("default", "api"), ("default", "web")]),
+        &mut state,
+    );
+    assert_eq!(payload.matches(hairpin).count(), 1, "{payload}");
+    assert!(payload.contains(&format!("add element ip kube-proxy {hairpin}")));
 }

@@ -64,7 +64,7 @@ fn seed_payload() {
     let payload = fresh(IpFamily::V4, &seed(), &cluster_cidr());
     insta::assert_snapshot!("seed", payload);
     assert!(payload.contains(
-        "\tchain service-O4TPQO6D-default/nginx-svc/tcp/ {\n\t\tnumgen random mod 2 0 meta l4proto tcp dnat to 10.0.0.4:80\n\t\tmeta l4proto tcp dnat to 10.0.1.2:80\n\t}\n"
+        "\tchain service-O4TPQO6D-default/nginx-svc/tcp/ {\n\t\tmeta l4proto tcp dnat ip addr . port to numgen random mod 2 map { 0 : 10.0.0.4 . 80 , 1 : 10.0.1.2 . 80 }\n\t}\n"
     ));
     assert!(payload.contains(
         "add element ip kube-proxy service-ips {\n\t10.96.138.71 . tcp . 8080 : goto service-O4TPQO6D-default/nginx-svc/tcp/\n}\n"
@@ -73,8 +73,9 @@ fn seed_payload() {
 
 /// One Service with every feature: two ports (TCP with NodePort, UDP), an external IP, a
 /// load-balancer IP with source ranges that include the node, externalTrafficPolicy Local,
-/// session affinity; a terminating endpoint that is not used; a Service without endpoints
-/// and one whose internalTrafficPolicy is Local without local endpoints.
+/// session affinity; a terminating endpoint that is not used; a Service without endpoints,
+/// one whose internalTrafficPolicy is Local without local endpoints, and a plain ClusterIP
+/// Service with two endpoints (the `numgen … map` DNAT).
 fn every_feature() -> Snapshot {
     let (services, slices) = every_feature_objects();
     snap(IpFamily::V4, services, slices)
@@ -102,6 +103,9 @@ fn every_feature_objects() -> (Vec<Service>, Vec<EndpointSlice>) {
                 .tcp("", 80)
                 .internal_local()
                 .build(),
+            ServiceBuilder::new("shop/plain", "10.96.0.13")
+                .tcp("", 80)
+                .build(),
         ],
         vec![
             SliceBuilder::new("shop/web")
@@ -114,6 +118,11 @@ fn every_feature_objects() -> (Vec<Service>, Vec<EndpointSlice>) {
             SliceBuilder::new("shop/itp")
                 .port("", 80)
                 .ready("10.0.2.6", "node-b")
+                .build(),
+            SliceBuilder::new("shop/plain")
+                .port("", 8080)
+                .ready("10.0.1.7", NODE)
+                .ready("10.0.2.7", "node-b")
                 .build(),
         ],
     )
@@ -179,57 +188,110 @@ fn ipv6_payload_with_masquerade_all() {
     assert!(payload.contains(
         "ip6 daddr { fd00:96::/112 } drop comment \"Drop traffic to unallocated ClusterIPs\""
     ));
-    assert!(payload.contains("meta l4proto udp dnat to [fd00:10:1::4]:5353"));
+    assert!(payload.contains(
+        "meta l4proto udp dnat ip6 addr . port to numgen random mod 2 map { 0 : fd00:10:1::4 . 5353 , 1 : fd00:10:2::5 . 5353 }"
+    ));
     assert!(payload.contains(
         "fib daddr type local ip6 daddr != ::1 meta l4proto . th dport vmap @service-nodeports"
     ));
 }
 
+/// Upstream v1.36's endpoint selection: one `numgen random mod N` lookup per new connection,
+/// whatever N (not a cascade of N rules): a DNAT through an anonymous map without affinity,
+/// a verdict map of `goto endpoint-…` after the affinity rules with it.
 #[test]
-fn selection_is_uniform_and_uses_no_anonymous_sets() {
+fn selection_is_one_numgen_lookup() {
     let mut slice = SliceBuilder::new("big").port("", 80);
     for i in 1..=5 {
         slice = slice.ready(&format!("10.0.3.{i}"), "node-b");
     }
+    let slice = slice.build();
     let s = snap(
         IpFamily::V4,
-        vec![ServiceBuilder::new("big", "10.96.0.20").tcp("", 80).build()],
-        vec![slice.build()],
+        vec![
+            ServiceBuilder::new("big", "10.96.0.20").tcp("", 80).build(),
+            ServiceBuilder::new("sticky", "10.96.0.21")
+                .tcp("", 80)
+                .affinity(60)
+                .build(),
+        ],
+        vec![
+            slice.clone(),
+            EndpointSlice {
+                name: NamespacedName::new("default", "sticky-abcde"),
+                service: NamespacedName::new("default", "sticky"),
+                ..slice
+            },
+        ],
     );
     let r = render(&s, &RenderConfig::default(), None);
     let objs = &r.services[&NamespacedName::new("default", "big")];
     assert_eq!(objs.chains.len(), 1);
-    let rules = &objs.chains[0].rules;
-    let mods: Vec<&str> = rules
-        .iter()
-        .map(|r| r.split(" 0 meta").next().unwrap_or(""))
-        .collect();
     assert_eq!(
-        mods,
+        objs.chains[0].rules,
         [
-            "numgen random mod 5",
-            "numgen random mod 4",
-            "numgen random mod 3",
-            "numgen random mod 2",
-            "meta l4proto tcp dnat to 10.0.3.5:80"
+            "meta l4proto tcp dnat ip addr . port to numgen random mod 5 map { 0 : 10.0.3.1 . 80 , 1 : 10.0.3.2 . 80 , 2 : 10.0.3.3 . 80 , 3 : 10.0.3.4 . 80 , 4 : 10.0.3.5 . 80 }"
         ]
     );
-    // Probability of endpoint i: (prod_{j<i} (1 - 1/(n-j))) * 1/(n-i) = 1/n.
-    let n = 5.0f64;
-    let mut left = 1.0;
-    for i in 0..5 {
-        let p = if i < 4 { 1.0 / (n - i as f64) } else { 1.0 };
-        assert!((left * p - 0.2).abs() < 1e-12);
-        left *= 1.0 - p;
+    let sticky = &r.services[&NamespacedName::new("default", "sticky")];
+    let service = &sticky.chains[0];
+    assert!(service.name.starts_with("service-"), "{}", service.name);
+    assert_eq!(service.rules.len(), 6, "{:?}", service.rules);
+    let endpoint_chains: Vec<&str> = sticky.chains[1..].iter().map(|c| c.name.as_str()).collect();
+    for (i, (rule, chain)) in service.rules.iter().zip(&endpoint_chains).enumerate() {
+        assert!(
+            rule.starts_with("ip saddr @affinity-") && rule.ends_with(&format!("goto {chain}")),
+            "{i}: {rule}"
+        );
     }
-    let payload = fresh(IpFamily::V4, &s, &RenderConfig::default());
-    for line in payload.lines() {
-        // Anonymous sets or maps would appear as `{ … }` inside a rule; only `update @set {
-        // ip saddr }` (affinity) may have braces, and there is no affinity here.
-        if line.starts_with("\t\t") {
-            assert!(!line.contains('{'), "anonymous set in {line}");
-        }
-    }
+    let vmap = format!(
+        "numgen random mod 5 vmap {{ {} }}",
+        endpoint_chains
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{i} : goto {c}"))
+            .collect::<Vec<_>>()
+            .join(" , ")
+    );
+    assert_eq!(service.rules[5], vmap);
+    // Endpoint chains: affinity update, then the DNAT; no hairpin rule (the
+    // hairpin-connections set does that).
+    assert_eq!(
+        sticky.chains[1].rules[1],
+        "meta l4proto tcp dnat to 10.0.3.1:80"
+    );
+    assert_eq!(sticky.chains[1].rules.len(), 2);
+}
+
+/// Upstream v1.36 puts every endpoint in use into `hairpin-connections`: one whose
+/// EndpointSlice entry has no `nodeName` (not local, yet possibly on this node) too.
+#[test]
+fn the_hairpin_set_holds_every_endpoint_in_use() {
+    let s = snap(
+        IpFamily::V4,
+        vec![ServiceBuilder::new("hp", "10.96.0.30").tcp("", 80).build()],
+        vec![
+            SliceBuilder::new("hp")
+                .port("", 8080)
+                .ready_without_node("10.0.1.6")
+                .ready("10.0.2.5", "node-b")
+                .endpoint("10.0.1.9", NODE, false, false, true)
+                .build(),
+        ],
+    );
+    let r = render(&s, &RenderConfig::default(), None);
+    let hairpin: Vec<String> = r.services[&NamespacedName::new("default", "hp")]
+        .hairpin
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        hairpin,
+        [
+            "10.0.1.6 . 10.0.1.6 . tcp . 8080",
+            "10.0.2.5 . 10.0.2.5 . tcp . 8080"
+        ]
+    );
 }
 
 #[test]
@@ -243,7 +305,7 @@ fn partial_render_covers_only_the_named_services() {
         r.services[&NamespacedName::new("shop", "itp")],
         full.services[&NamespacedName::new("shop", "itp")]
     );
-    assert_eq!(r.service_ports, 4);
+    assert_eq!(r.service_ports, 5);
     // ITP Local without local endpoints: the ClusterIP is dropped, not rejected.
     let itp = &r.services[&NamespacedName::new("shop", "itp")];
     assert!(itp.chains.is_empty());
