@@ -18,6 +18,7 @@ mod ping;
 mod proxy;
 mod restclient;
 mod sandbox;
+mod stdout;
 mod trace;
 mod userspace_mode;
 
@@ -131,6 +132,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `trace ... | head`: the reader had what it wanted; end quietly.
+        Err(e) if stdout::is_closed_stdout(&e) => ExitCode::from(stdout::CLOSED_STDOUT_STATUS),
         Err(e) => {
             tracing::error!("{e:#}");
             ExitCode::FAILURE

@@ -1149,18 +1149,18 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             userspace_outputs.clear();
             outputs.clear();
         }
+        // Printed at once, so that a reader that stops early (`| head`) ends the run quietly
+        // (crate::stdout).
+        let mut printed = String::new();
         for (family, ipset_sink, ipvs_sink) in ipvs_outputs {
             let sets = ipset_sink.lock().map(|s| s.clone()).unwrap_or_default();
             let table = ipvs_sink.lock().map(|s| s.clone()).unwrap_or_default();
-            println!("# {family}: ipset restore input");
-            print!("{sets}");
-            println!("# {family}: IPVS table (ipvsadm -S -n)");
-            print!("{table}");
+            printed.push_str(&format!("# {family}: ipset restore input\n{sets}"));
+            printed.push_str(&format!("# {family}: IPVS table (ipvsadm -S -n)\n{table}"));
         }
         for (family, table) in userspace_outputs {
             let text = table.lock().map(|s| s.clone()).unwrap_or_default();
-            println!("# {family}{}", crate::trace::DRY_RUN_TABLE_HEADER);
-            print!("{text}");
+            printed.push_str(&format!("# {family}{}\n{text}", crate::trace::DRY_RUN_TABLE_HEADER));
         }
         for (family, sink) in outputs {
             let text = sink.lock().map(|s| s.clone()).unwrap_or_default();
@@ -1169,8 +1169,10 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 (false, IpFamily::V4) => "iptables-restore",
                 (false, IpFamily::V6) => "ip6tables-restore",
             };
-            println!("# {family}: {tool} input");
-            print!("{text}");
+            printed.push_str(&format!("# {family}: {tool} input\n{text}"));
+        }
+        if !printed.is_empty() {
+            crate::stdout::print(&printed)?;
         }
         let skipped = skipped.load(std::sync::atomic::Ordering::Relaxed);
         if result.is_ok() && args.dry_run && skipped > 0 {

@@ -1072,16 +1072,16 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     if let Rules::Iptables(_, _, notes) = &rules {
         result.notes.splice(0..0, notes.iter().cloned());
     }
-    if args.json {
-        println!("{}", result.to_json().map_err(|e| anyhow!("{e}"))?);
+    let mut text = if args.json {
+        result.to_json().map_err(|e| anyhow!("{e}"))?
     } else {
-        let text = render_text(&result, &packet);
-        print!("{text}");
-        if !text.ends_with('\n') {
-            println!();
-        }
+        render_text(&result, &packet)
+    };
+    if !text.ends_with('\n') {
+        text.push('\n');
     }
-    Ok(())
+    // A reader that stops early (`| head`) ends the command quietly (crate::stdout).
+    crate::stdout::print(&text)
 }
 
 /// Whether none of IPVS mode's ipsets was given.

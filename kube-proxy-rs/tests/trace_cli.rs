@@ -2036,3 +2036,61 @@ fn traces_a_tree_layout_dry_run() {
     );
     assert!(out.contains("no DNAT"), "{out}");
 }
+
+/// Runs the binary with `args`, its standard output a pipe whose reader is gone before
+/// anything is written (as `| head -c 100` once head has had its 100 bytes); returns the
+/// exit status and stderr.
+fn run_into_closed_pipe(args: &[&str]) -> (std::process::ExitStatus, String) {
+    use std::io::Read as _;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (child.wait().unwrap(), err)
+}
+
+/// `trace --json | head -c 100` (and the text output, and `--dry-run`, likewise): a reader
+/// that goes away ends the command quietly, with exit status 141 as SIGPIPE gives other Unix
+/// tools, not a panic (exit status 101, "failed printing to stdout: Broken pipe").
+#[test]
+fn a_closed_stdout_ends_trace_and_dry_run_quietly() {
+    let trace = [
+        "trace",
+        "--rules",
+        SEED_DUMP,
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ];
+    let mut json = trace.to_vec();
+    json.push("--json");
+    let dir = common::tempdir();
+    let seed = common::write(dir.path(), "cluster.yaml", SEED_CLUSTER);
+    let dry = [
+        "--dry-run",
+        "--manifests",
+        seed.to_str().unwrap(),
+        "--hostname-override=k8s-master",
+    ];
+    for args in [&json[..], &trace[..], &dry[..]] {
+        let (status, err) = run_into_closed_pipe(args);
+        assert_eq!(status.code(), Some(141), "{args:?}: {status}\n{err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe") && !err.contains("error"),
+            "{args:?}:\n{err}"
+        );
+    }
+}
