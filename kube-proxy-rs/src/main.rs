@@ -9,6 +9,7 @@ mod compat;
 mod config;
 mod config_watch;
 mod configz;
+mod dry_run;
 mod events;
 mod ipvs_mode;
 mod logging;

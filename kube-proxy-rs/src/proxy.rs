@@ -898,6 +898,8 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         let mut ipvs_outputs: Vec<(IpFamily, Sink, Sink)> = Vec::new();
         let mut userspace_outputs: Vec<(IpFamily, Sink)> = Vec::new();
         let mut relays = crate::userspace_mode::Relays::default();
+        // IPVS mode's dry run: the Node object's addresses stand for the node's.
+        let dry_run_node = crate::ipvs_mode::DryRunNode::default();
         let mode = if args.once || args.dry_run {
             RunMode::Once
         } else {
@@ -975,7 +977,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                         ipt(sink),
                         Box::new(crate::ipvs_mode::PrintingIpset { fake: kp_netfilter::ipset::FakeIpset::new(), sink: ipset_sink }),
                         Box::new(crate::ipvs_mode::PrintingIpvs { fake: kp_netlink::ipvs::FakeIpvs::new(), sink: ipvs_sink }),
-                        Box::new(crate::ipvs_mode::dry_run_links()),
+                        Box::new(dry_run_node.links()),
                         host,
                     )?
                 } else {
@@ -1056,9 +1058,14 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             // Upstream's "birth cry", once the sources and sync loops run.
             events.post(false, "Starting", "StartKubeProxy", None, events.node_ref());
         }
+        let observe_node = (args.dry_run && ipvs_mode).then(|| (dry_run_node.clone(), node.clone()));
         let fan_out = tokio::spawn(async move {
             let families: Vec<IpFamily> = senders.iter().map(|(f, _)| *f).collect();
             while let Some(batch) = rx.recv().await {
+                // Before the trackers see it, so that the sync it leads to reads it.
+                if let Some((dry_run_node, node)) = &observe_node {
+                    dry_run_node.observe(node, &batch);
+                }
                 // Each family's tracker gets whole only the objects it keeps (a Service with
                 // a ClusterIP of its family, a slice of its addressType), the others as a
                 // delete of their name: no tracker holds a copy of the whole batch.
@@ -1155,8 +1162,12 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         for (family, ipset_sink, ipvs_sink) in ipvs_outputs {
             let sets = ipset_sink.lock().map(|s| s.clone()).unwrap_or_default();
             let table = ipvs_sink.lock().map(|s| s.clone()).unwrap_or_default();
-            printed.push_str(&format!("# {family}: ipset restore input\n{sets}"));
-            printed.push_str(&format!("# {family}: IPVS table (ipvsadm -S -n)\n{table}"));
+            printed.push_str(&format!("# {family}{}\n{sets}", crate::dry_run::IPSET_HEADER));
+            printed.push_str(&format!(
+                "# {family}{}\n{}{table}",
+                crate::dry_run::IPVS_TABLE_HEADER,
+                dry_run_node.header(family, &node)
+            ));
         }
         for (family, table) in userspace_outputs {
             let text = table.lock().map(|s| s.clone()).unwrap_or_default();
@@ -1164,12 +1175,11 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         }
         for (family, sink) in outputs {
             let text = sink.lock().map(|s| s.clone()).unwrap_or_default();
-            let tool = match (nft_mode, family) {
-                (true, _) => "nft -f",
-                (false, IpFamily::V4) => "iptables-restore",
-                (false, IpFamily::V6) => "ip6tables-restore",
-            };
-            printed.push_str(&format!("# {family}: {tool} input\n{text}"));
+            if nft_mode {
+                printed.push_str(&format!("# {family}: nft -f input\n{text}"));
+            } else {
+                printed.push_str(&crate::dry_run::iptables_section(family, &text));
+            }
         }
         if !printed.is_empty() {
             crate::stdout::print(&printed)?;

@@ -419,7 +419,7 @@ fn service_features() -> Result<(), Failed> {
     let ipv4 = out
         .split("# IPv4: iptables-restore input")
         .nth(1)
-        .and_then(|t| t.split("\n# ").next())
+        .and_then(|t| t.split("\n# IPv").next())
         .unwrap_or_default()
         .to_string();
     let saved = format!(
