@@ -19,6 +19,7 @@ mod ping;
 mod proxy;
 mod restclient;
 mod sandbox;
+mod shutdown;
 mod stdout;
 mod trace;
 mod userspace_mode;

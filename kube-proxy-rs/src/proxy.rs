@@ -483,32 +483,46 @@ fn has_net_admin() -> bool {
         .is_some_and(|caps| caps & (1 << CAP_NET_ADMIN) != 0)
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
+/// SIGTERM and SIGINT, each time they come (a second one ends the wait for a sync in
+/// flight, see crate::shutdown). A signal whose handler cannot be installed never comes.
+struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Signals {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
+        Signals {
+            term: signal(SignalKind::terminate()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    /// The next signal's name.
+    async fn recv(&mut self) -> &'static str {
+        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+            let got = match s {
+                Some(s) => s.recv().await.is_some(),
+                None => false,
+            };
+            if !got {
+                std::future::pending::<()>().await;
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.term) => "SIGTERM",
+            () = next(&mut self.int) => "SIGINT",
+        }
     }
 }
 
-/// Spawns one family's sync loop on `loops`.
+/// Spawns one family's sync loop on `loops`; what it is busy with goes to a new entry of
+/// `activities` (crate::shutdown says what a stop waits for).
+#[allow(clippy::too_many_arguments)]
 fn spawn_loop<P: Proxier + 'static>(
     loops: &mut tokio::task::JoinSet<(IpFamily, Result<(), kp_runtime::RuntimeError>)>,
+    activities: &mut Vec<kp_runtime::Activity>,
     family: IpFamily,
     sync_loop: SyncLoop<P>,
     events: mpsc::Receiver<Vec<kp_model::SourceEvent>>,
@@ -516,7 +530,9 @@ fn spawn_loop<P: Proxier + 'static>(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     observer: Arc<dyn kp_runtime::SyncObserver>,
 ) {
-    let sync_loop = sync_loop.with_observer(observer);
+    let activity = kp_runtime::Activity::default();
+    activities.push(activity.clone());
+    let sync_loop = sync_loop.with_observer(observer).with_activity(activity);
     loops.spawn(async move {
         (
             family,
@@ -756,7 +772,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let admin_mode = if nft_mode {
             kp_admin::ProxyMode::Nftables
         } else if ipvs_mode {
@@ -874,6 +890,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         // events is split between them (kp_track::split_by_family).
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut loops = tokio::task::JoinSet::new();
+        let mut activities: Vec<kp_runtime::Activity> = Vec::new();
         let mut servers = tokio::task::JoinSet::new();
         if !args.dry_run && !args.once {
             let hc_addresses = if args.nodeport_addresses.iter().all(|a| a.trim().is_empty() || a.trim() == "all") {
@@ -956,7 +973,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 };
                 let proxier = kp_proxier::userspace::UserspaceProxier::new(family, ucfg.clone(), ipt, relay, host);
                 let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 continue;
             }
             if ipvs_mode {
@@ -998,7 +1015,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     p
                 };
                 let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 continue;
             }
             match (nft_mode, args.dry_run) {
@@ -1011,7 +1028,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                         proxier = proxier.with_nfacct(n);
                     }
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                    spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (false, false) => {
                     let ipt = ExecIptables::new(version, backend);
@@ -1025,12 +1042,12 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                         proxier = proxier.with_nfacct(n);
                     }
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                    spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (true, true) => {
                     let proxier = NftablesProxier::new(family, nft_cfg.clone(), PrintingNft { sink }, host)?;
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                    spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (true, false) => {
                     let mut proxier = NftablesProxier::new(family, nft_cfg.clone(), ExecNft::new(), host)?;
@@ -1038,7 +1055,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                         proxier = proxier.with_conntrack(ct);
                     }
                     let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                    spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
             }
         }
@@ -1074,8 +1091,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 }
             }
         });
-        let signal = shutdown_signal();
-        tokio::pin!(signal);
+        let mut signals = Signals::new();
         // As upstream, the daemon exits when its --config file changes, to be restarted with it.
         let config_changed = crate::config_watch::changed(
             args.config_loaded.take().filter(|_| mode == RunMode::Daemon),
@@ -1084,24 +1100,48 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         let mut config_done = false;
         let mut result: anyhow::Result<()> = Ok(());
         let mut source_done = false;
-        // A completed future must not be polled again: each branch runs once.
-        let mut signalled = false;
+        // Once a stop is asked for, the loops finish the syncs in flight within this
+        // (crate::shutdown); a second signal ends the wait at once.
+        let mut give_up_at: Option<tokio::time::Instant> = None;
+        let stop = |why: &str, give_up_at: &mut Option<tokio::time::Instant>| {
+            let _ = stop_tx.send(true);
+            if give_up_at.is_none() {
+                crate::shutdown::log_stopping(why, &activities);
+                *give_up_at = Some(tokio::time::Instant::now() + crate::shutdown::SHUTDOWN_WAIT);
+            }
+        };
+        let give_up = |give_up_at: Option<tokio::time::Instant>| async move {
+            match give_up_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         loop {
             tokio::select! {
-                () = &mut signal, if !signalled => {
-                    signalled = true;
-                    let _ = stop_tx.send(true);
+                name = signals.recv() => {
+                    if give_up_at.is_some() {
+                        crate::shutdown::give_up(&format!("{name} again"), &activities);
+                        break;
+                    }
+                    stop(name, &mut give_up_at);
+                }
+                () = give_up(give_up_at) => {
+                    crate::shutdown::give_up(
+                        &format!("still running after {} s", crate::shutdown::SHUTDOWN_WAIT.as_secs()),
+                        &activities,
+                    );
+                    break;
                 }
                 e = &mut config_changed, if !config_done => {
                     config_done = true;
                     result = Err(e);
-                    let _ = stop_tx.send(true);
+                    stop("the --config file changed", &mut give_up_at);
                 }
                 s = &mut source, if !source_done => {
                     source_done = true;
                     if let Ok(Err(e)) = s {
                         result = Err(e);
-                        let _ = stop_tx.send(true);
+                        stop("the source of Services failed", &mut give_up_at);
                     }
                 }
                 Some(Ok(Err(e))) = servers.join_next() => {
@@ -1118,7 +1158,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                             .await;
                     }
                     result = Err(e);
-                    let _ = stop_tx.send(true);
+                    stop("a server failed to start", &mut give_up_at);
                 }
                 joined = loops.join_next() => match joined {
                     None => break,
@@ -1134,12 +1174,12 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                         if result.is_ok() {
                             result = Err(anyhow!(e).context(format!("{family} proxier")));
                         }
-                        let _ = stop_tx.send(true);
+                        stop("a sync loop ended with an error", &mut give_up_at);
                     }
                     Some(Ok((_, Ok(())))) => {}
                     Some(Err(e)) => {
                         result = Err(anyhow!("a sync loop failed: {e}"));
-                        let _ = stop_tx.send(true);
+                        stop("a sync loop failed", &mut give_up_at);
                     }
                 },
             }
@@ -1190,7 +1230,11 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             bail!("{skipped} manifest problem(s) reported above; the objects concerned are not in the output");
         }
         result
-    })
+    });
+    // A sync the shutdown gave up on may still be on a blocking thread (its commands were
+    // killed, so it ends soon): do not wait for it as dropping the runtime would.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 /// The families to program: IPv4, and IPv6 when the kernel has it (`/proc/sys/net/ipv6`)
