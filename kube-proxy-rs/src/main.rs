@@ -21,6 +21,7 @@ mod restclient;
 mod sandbox;
 mod shutdown;
 mod stdout;
+mod takeover;
 mod trace;
 mod userspace_mode;
 

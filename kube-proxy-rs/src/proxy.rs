@@ -209,8 +209,8 @@ pub fn choose_backend(arg: IptablesBackendArg, dry_run: bool) -> Backend {
     }
 }
 
-/// When a run of the iptables-based modes takes over a node, removes kube-proxy's chains
-/// from the backend it does not use ([`kp_proxier::iptables::cleanup_other_backend`], both
+/// When a run of the iptables-based modes takes over a node (once its first sync has written
+/// its rules, crate::takeover), removes kube-proxy's chains from the backend it does not use ([`kp_proxier::iptables::cleanup_other_backend`], both
 /// families): the rules a kube-proxy left there (in the other backend, because its image
 /// chose differently or its flags said so) would go on matching and DNATing to old
 /// endpoints next to ours. Only tables that exist are read or written, so no legacy table is
@@ -388,9 +388,12 @@ fn cleanup(backend: Backend, ipvs_exclude: &[IpNet]) -> anyhow::Result<()> {
     }
 }
 
-/// At start, removes what the other mode left, so a node can switch modes without a reboot
-/// (upstream does the same): iptables chains when starting in nftables mode, the nftables
-/// tables when starting in iptables mode. Failures are logged; the proxy starts anyway.
+/// Once this mode's first sync has written every family's rules (crate::takeover), removes
+/// what the other modes left, so a node can switch modes without a reboot and without a moment
+/// without rules (upstream removes them before its first sync): iptables chains (and IPVS
+/// mode's objects) in nftables mode, the nftables tables in the other modes, IPVS mode's own
+/// chains, jumps, ipsets, virtual servers and kube-ipvs0 in iptables mode. Failures are
+/// logged; the proxy goes on.
 ///
 /// After a fallback from IPVS mode (`ipvs_fallback`), IPVS mode's objects are left in place:
 /// the operator asked for IPVS mode, and its next start, once the node has what it lacks,
@@ -428,22 +431,22 @@ fn remove_other_mode(
             if cleanup_userspace(backend) > 0 {
                 info!("removed the userspace-mode portal chains of an earlier run");
             }
-            // IPVS mode shares chains with iptables mode and fills them with ipset matches;
-            // an earlier IPVS run is removed whole first (its sets and virtual servers with
-            // it), then iptables mode writes its own.
+            // IPVS mode shares chains with iptables mode, which its first sync has rewritten:
+            // what is left of IPVS mode are its own chains and jumps (which reference its
+            // ipsets), then the sets, virtual servers and kube-ipvs0.
             if ipvs_fallback {
                 if crate::ipvs_mode::has_leftovers() {
                     warn!(
                         "IPVS-mode objects of an earlier run are left in place (fallback from IPVS mode); --cleanup removes them"
                     );
                 }
-            } else if crate::ipvs_mode::has_leftovers() {
-                let _ = cleanup_iptables(backend);
-                if let Ok(true) = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true) {
-                    info!(
-                        "removed the IPVS-mode rules, ipsets, virtual servers and kube-ipvs0 of an earlier run"
-                    );
-                }
+            } else if crate::ipvs_mode::has_leftovers()
+                && cleanup_ipvs_iptables(backend).is_ok()
+                && let Ok(true) = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true)
+            {
+                info!(
+                    "removed the IPVS-mode rules, ipsets, virtual servers and kube-ipvs0 of an earlier run"
+                );
             }
         }
         // iptables mode's own chains are removed by IPVS mode's first full sync, in the same
@@ -455,19 +458,47 @@ fn remove_other_mode(
             }
         }
         // Userspace mode's first full sync deletes iptables mode's chains in its own
-        // restore; an IPVS run is removed whole first (its sets are referenced by its rules).
-        ProxyModeArg::Userspace => {
-            nftables();
-            if crate::ipvs_mode::has_leftovers() {
-                let _ = cleanup_iptables(backend);
-                if let Ok(true) = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true) {
-                    info!(
-                        "removed the IPVS-mode rules, ipsets, virtual servers and kube-ipvs0 of an earlier run"
-                    );
+        // restore; an IPVS run went before it ([`remove_before_first_sync`]).
+        ProxyModeArg::Userspace => nftables(),
+    }
+}
+
+/// What must go before this mode's first sync: in userspace mode, an IPVS run, whole (its
+/// rules reference its ipsets, and userspace mode's restore does not rewrite them).
+fn remove_before_first_sync(mode: ProxyModeArg, backend: Backend, ipvs_exclude: &[IpNet]) {
+    if mode == ProxyModeArg::Userspace && crate::ipvs_mode::has_leftovers() {
+        let _ = cleanup_iptables(backend);
+        if let Ok(true) = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true) {
+            info!(
+                "removed the IPVS-mode rules, ipsets, virtual servers and kube-ipvs0 of an earlier run"
+            );
+        }
+    }
+}
+
+/// Removes IPVS mode's own chains and jumps from both families of `backend` once iptables
+/// mode's rules are written ([`kp_proxier::iptables::cleanup_ipvs_leftovers`]); `Err` when
+/// one failed (logged), so its ipsets, still referenced, are left.
+fn cleanup_ipvs_iptables(backend: Backend) -> Result<(), ()> {
+    let mut failed = false;
+    for version in [IpVersion::V4, IpVersion::V6] {
+        let ipt = ExecIptables::new(version, backend);
+        match kp_proxier::iptables::cleanup_ipvs_leftovers(&ipt) {
+            Ok(plan) => {
+                for chain in &plan.removed {
+                    debug!(family = ?version, "removed IPVS-mode chain {chain}");
                 }
+            }
+            Err(kp_proxier::ProxierError::Netfilter(kp_netfilter::Error::BinaryNotFound {
+                ..
+            })) => {}
+            Err(e) => {
+                error!(family = ?version, "cannot remove IPVS mode's iptables rules: {e}");
+                failed = true;
             }
         }
     }
+    if failed { Err(()) } else { Ok(()) }
 }
 
 /// Whether this process may change netfilter rules (CAP_NET_ADMIN in its effective set).
@@ -751,16 +782,23 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         crate::nodesetup::apply_conntrack(&conntrack);
     }
     if !args.dry_run {
-        if !nft_mode {
-            remove_other_backend(backend);
-        }
-        remove_other_mode(
+        // Only what this mode's first sync cannot coexist with goes now; the rest of the
+        // other modes' leftovers once it has written its rules (crate::takeover).
+        remove_before_first_sync(args.proxy_mode, backend, &ipvs_cfg.exclude_cidrs);
+    }
+    let remove_leftovers = {
+        let (mode, exclude, fallback) = (
             args.proxy_mode,
-            backend,
-            &ipvs_cfg.exclude_cidrs,
+            ipvs_cfg.exclude_cidrs.clone(),
             !ipvs_fallback.is_empty(),
         );
-    }
+        move || {
+            if mode != ProxyModeArg::Nftables {
+                remove_other_backend(backend);
+            }
+            remove_other_mode(mode, backend, &exclude, fallback);
+        }
+    };
 
     // /configz: the effective configuration, after a fallback from IPVS mode.
     let configz = crate::configz::document(&args);
@@ -922,8 +960,12 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         } else {
             RunMode::Daemon
         };
+        // The other modes' leftovers go once this mode has written every family's rules
+        // (crate::takeover).
+        let takeover = crate::takeover::Takeover::new(&families);
         for (i, family) in families.into_iter().enumerate() {
-            let observer: Arc<dyn kp_runtime::SyncObserver> = Arc::new(crate::admin::Observer::new(admin.clone(), i == 0));
+            let observer: Arc<dyn kp_runtime::SyncObserver> =
+                takeover.observer(Arc::new(crate::admin::Observer::new(admin.clone(), i == 0)));
             let (ftx, frx) = mpsc::channel(64);
             senders.push((family, ftx));
             let tracker = Tracker::new(family, node.clone()).with_primary_ip(args.bind_address);
@@ -972,7 +1014,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     Box::new(ExecIptables::new(version, backend))
                 };
                 let proxier = kp_proxier::userspace::UserspaceProxier::new(family, ucfg.clone(), ipt, relay, host);
-                let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
                 spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 continue;
             }
@@ -1014,7 +1056,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     }
                     p
                 };
-                let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
                 spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 continue;
             }
@@ -1027,7 +1069,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     if let Some(n) = crate::nfacct::proxier_handle(true, family) {
                         proxier = proxier.with_nfacct(n);
                     }
-                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                    let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
                     spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (false, false) => {
@@ -1041,12 +1083,12 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     if let Some(n) = crate::nfacct::proxier_handle(false, family) {
                         proxier = proxier.with_nfacct(n);
                     }
-                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                    let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
                     spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (true, true) => {
                     let proxier = NftablesProxier::new(family, nft_cfg.clone(), PrintingNft { sink }, host)?;
-                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                    let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
                     spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (true, false) => {
@@ -1054,7 +1096,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     if let Some(ct) = conntrack() {
                         proxier = proxier.with_conntrack(ct);
                     }
-                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
+                    let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
                     spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
             }
@@ -1116,11 +1158,25 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 None => std::future::pending().await,
             }
         };
+        // The other modes' leftovers, removed once every family's first sync has succeeded
+        // (crate::takeover); never by a dry run, nor once the daemon stops.
+        let mut take_over: Option<Box<dyn FnOnce() + Send>> =
+            (!args.dry_run).then(|| Box::new(remove_leftovers) as Box<dyn FnOnce() + Send>);
+        let mut taking_over: Option<tokio::task::JoinHandle<()>> = None;
+        let start_takeover = |job: Box<dyn FnOnce() + Send>| {
+            let takeover = takeover.clone();
+            tokio::task::spawn_blocking(move || takeover.exclusively(job))
+        };
+        let mut gave_up = false;
         loop {
             tokio::select! {
+                () = takeover.wait_all_synced(), if take_over.is_some() && give_up_at.is_none() => {
+                    taking_over = take_over.take().map(start_takeover);
+                }
                 name = signals.recv() => {
                     if give_up_at.is_some() {
                         crate::shutdown::give_up(&format!("{name} again"), &activities);
+                        gave_up = true;
                         break;
                     }
                     stop(name, &mut give_up_at);
@@ -1130,6 +1186,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                         &format!("still running after {} s", crate::shutdown::SHUTDOWN_WAIT.as_secs()),
                         &activities,
                     );
+                    gave_up = true;
                     break;
                 }
                 e = &mut config_changed, if !config_done => {
@@ -1182,6 +1239,30 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                         stop("a sync loop failed", &mut give_up_at);
                     }
                 },
+            }
+        }
+        // --once: the loops ended after their first sync, maybe before the branch above ran.
+        if takeover.all_synced() && give_up_at.is_none() && result.is_ok()
+            && let Some(job) = take_over.take()
+        {
+            taking_over = Some(start_takeover(job));
+        }
+        // The removal runs to its end, within the bound of a stop.
+        if let Some(task) = taking_over
+            && !gave_up
+        {
+            let finished = match give_up_at {
+                Some(at) => tokio::time::timeout_at(at, task).await.is_ok(),
+                None => {
+                    let _ = task.await;
+                    true
+                }
+            };
+            if !finished {
+                crate::shutdown::give_up(
+                    &format!("still running after {} s", crate::shutdown::SHUTDOWN_WAIT.as_secs()),
+                    &activities,
+                );
             }
         }
         source.abort();

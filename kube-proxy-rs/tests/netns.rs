@@ -810,6 +810,84 @@ fn nftables_switching_modes_without_a_reboot_and_cleanup_of_both() {
     assert!(ruleset.contains("tcp dport 22 accept"), "{ruleset}");
 }
 
+/// How many Services the mode-switch probe test programs: enough that a start and a first
+/// sync take a while (the gap the old order left grew with them: 0.6 s at 5,000 Services from
+/// iptables to nftables mode in a release build).
+const SWITCH_SERVICES: usize = 2000;
+
+/// A mode switch leaves no moment without rules: a client connects to the seed's ClusterIP
+/// over and over (a new connection each time, 300 ms timeout) while the daemon is stopped and
+/// started in the other mode, iptables → nftables → iptables, on the seed plus 2,000 Services.
+/// The new mode writes its rules before it removes the old mode's (crate::takeover), so not
+/// one connection fails; the old mode's rules are gone afterwards.
+#[test]
+fn switching_between_iptables_and_nftables_mode_drops_no_connection() {
+    if !require_root() {
+        return;
+    }
+    let (topology, _servers) = seed_topology();
+    let (node, client) = (topology.node(), topology.client());
+    let dir = tempdir();
+    let manifest = write(
+        dir.path(),
+        "cluster.yaml",
+        &format!(
+            "{SEED_CLUSTER}\n{}",
+            common::filler_services(SWITCH_SERVICES)
+        ),
+    );
+    let mut args = vec!["--manifests", manifest.to_str().unwrap()];
+    args.extend(NODE_ARGS);
+    let vip: SocketAddr = "10.96.138.71:8080".parse().unwrap();
+    let mut proxy = Daemon::start(Mode::Iptables, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
+    proxy.wait_nat_rules_contain(node, "10.97.7.250");
+    let iptables_gone = || !save(node, "iptables-save").contains("KUBE-SERVICES");
+    let nftables_gone = || nft_table(node, "ip").is_none() && nft_table(node, "ip6").is_none();
+    let mut failures = Vec::new();
+    for (to, old_gone) in [
+        (Mode::Nftables, &iptables_gone as &dyn Fn() -> bool),
+        (Mode::Iptables, &nftables_gone),
+    ] {
+        let (log, probes) = common::probe_during(
+            client,
+            vip,
+            Duration::from_millis(300),
+            Duration::from_millis(10),
+            || {
+                std::thread::sleep(Duration::from_millis(300));
+                drop(std::mem::replace(
+                    &mut proxy,
+                    Daemon::start(to, node, dir.path(), &args, None),
+                ));
+                proxy.wait_programmed(node);
+                proxy.wait_until("the old mode's rules removed", old_gone);
+                std::thread::sleep(Duration::from_millis(300));
+                proxy.log()
+            },
+        );
+        let (failed, span) = common::failures(&probes);
+        if !failed.is_empty() {
+            failures.push(format!(
+                "switching to {to:?}: {} of {} connections failed over {span:?}; first: {:?}",
+                failed.len(),
+                probes.len(),
+                failed[0]
+            ));
+        }
+        assert!(probes.len() >= 20, "only {} probes", probes.len());
+        assert!(
+            log.contains(if to == Mode::Nftables {
+                "removed the iptables-mode and IPVS-mode rules of an earlier run"
+            } else {
+                "removed the nftables-mode tables of an earlier run"
+            }),
+            "{log}"
+        );
+    }
+    assert!(failures.is_empty(), "{failures:#?}\n{}", proxy.log());
+}
+
 // ---------------------------------------------------------------------------------------
 // Real traffic
 // ---------------------------------------------------------------------------------------
