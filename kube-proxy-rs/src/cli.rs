@@ -72,8 +72,9 @@ pub struct TraceArgs {
     /// picks its part); `nft list ruleset` text, or `nft -j list ruleset` JSON (recognized
     /// by its leading `{`); an `nft -f` script; or the output of `kube-proxy-rs --dry-run`
     /// in any mode (iptables, IPVS and userspace mode: the packet's family's
-    /// iptables-restore input, applied to empty tables as a restore would; nftables mode:
-    /// the script of both families).
+    /// iptables-restore input, applied to empty tables as a restore would, and in IPVS mode
+    /// with that family's IPVS table and ipsets, in userspace mode through its proxy table;
+    /// nftables mode: the script of both families).
     #[arg(long, value_name = "FILE")]
     pub rules: Option<PathBuf>,
 
@@ -121,9 +122,10 @@ pub struct TraceArgs {
     )]
     pub node_ip: Vec<std::net::IpAddr>,
 
-    /// IPVS mode: the IPVS table as `ipvsadm -Sn` prints it. Traces the --rules dump (and
-    /// --ipsets) as kube-proxy's IPVS mode; with --live (and --mode ipvs or auto) the
-    /// table is read from the node.
+    /// IPVS mode: the IPVS table as `ipvsadm -Sn` prints it, or IPVS mode's --dry-run output
+    /// (its table of the packet's family). Traces the --rules dump (and --ipsets) as
+    /// kube-proxy's IPVS mode; with --live (and --mode ipvs or auto) the table is read from
+    /// the node.
     #[arg(long, value_name = "FILE")]
     pub ipvs: Option<PathBuf>,
 
@@ -135,7 +137,8 @@ pub struct TraceArgs {
     #[arg(long, value_name = "FILE")]
     pub userspace: Option<PathBuf>,
 
-    /// `ipset save` output, for `-m set` matches (read automatically with --live).
+    /// `ipset save` output, or IPVS mode's --dry-run output (its ipsets of the packet's
+    /// family), for `-m set` matches (read automatically with --live).
     #[arg(long, value_name = "FILE")]
     pub ipsets: Option<PathBuf>,
 
@@ -389,9 +392,11 @@ pub struct ProxyArgs {
     #[arg(long)]
     pub cleanup: bool,
 
-    /// Print what a fresh node would receive (the iptables-restore or `nft -f` input; in IPVS
-    /// mode also the ipset payload and the IPVS table; in userspace mode also the proxy table,
-    /// with ports from 36000 up in place of the real ones), change nothing, exit. From the API
+    /// Print what a fresh node would receive (the `iptables-restore --noflush` or `nft -f`
+    /// input, with `#` lines on what loading it needs; in IPVS mode also the ipset payload and
+    /// the IPVS table, NodePorts on the Node object's addresses; in userspace mode also the
+    /// proxy table, with ports from 36000 up in place of the real ones), change nothing,
+    /// exit. From the API
     /// server it is a pre-flight check of the kubeconfig and the server: it exits 1, naming
     /// the server, when the server has not answered for 10 s.
     #[arg(long)]

@@ -282,25 +282,149 @@ impl IpvsOps for PrintingIpvs {
     }
 }
 
-/// The links of `--dry-run`: an empty node (kube-ipvs0 not yet there) with the real node's
-/// other addresses, so NodePort virtual servers are those this node would get.
-pub fn dry_run_links() -> FakeLinks {
-    let mut fake = FakeLinks::new();
-    if let Ok(mut real) = Links::new()
-        && let Ok(addrs) = real.local_addresses()
-    {
-        let mut by_dev: std::collections::BTreeMap<String, Vec<std::net::IpAddr>> =
-            std::collections::BTreeMap::new();
-        for (dev, addr) in addrs {
-            if dev != kp_proxier::ipvs::names::DUMMY_DEVICE {
-                by_dev.entry(dev).or_default().push(addr);
+/// This node's addresses for IPVS mode's `--dry-run`, shared by both families' proxiers and
+/// the printing of the output.
+///
+/// On the node, the daemon puts NodePort virtual servers on the addresses of the node's
+/// interfaces that `--nodeport-addresses` selects (as upstream's IPVS mode). A dry run may run
+/// elsewhere (a laptop, CI) whose addresses say nothing about the node: once the source has
+/// delivered this node's Node object, its `status.addresses` (InternalIP, ExternalIP) stand
+/// for the node's addresses; without one, this machine's addresses are used (right when the
+/// dry run runs on the node). The output's header says which ([`DryRunNode::header`]).
+#[derive(Debug, Clone, Default)]
+pub struct DryRunNode {
+    /// The Node object's `status.addresses`, once delivered ([`DryRunNode::observe`]).
+    node_object: Arc<Mutex<Option<Vec<std::net::IpAddr>>>>,
+    /// What the last rendering used.
+    used: Arc<Mutex<Option<UsedAddresses>>>,
+}
+
+/// The node addresses a dry run's rendering used: whether they were the Node object's (else
+/// this machine's), and the addresses.
+type UsedAddresses = (bool, Vec<std::net::IpAddr>);
+
+impl DryRunNode {
+    /// Takes note of this node's Node object (named `node`) in a batch of source events.
+    pub fn observe(&self, node: &str, batch: &[kp_model::SourceEvent]) {
+        for ev in batch {
+            let addresses = match ev {
+                kp_model::SourceEvent::NodeUpsert(n) if n.name == node => Some(n.addresses.clone()),
+                kp_model::SourceEvent::NodeDelete(n) if n == node => None,
+                _ => continue,
+            };
+            if let Ok(mut cell) = self.node_object.lock() {
+                *cell = addresses;
             }
         }
-        for (dev, addrs) in by_dev {
-            fake.add_link(&dev, &addrs);
-        }
-    } else {
-        warn!("dry run: cannot read this node's addresses; NodePort virtual servers are not shown");
     }
-    fake
+
+    /// The `#` lines under a family's IPVS table saying whose addresses the NodePort virtual
+    /// servers are on; empty before any rendering.
+    pub fn header(&self, family: kp_model::IpFamily, node: &str) -> String {
+        let Some((from_node, addrs)) = self.used.lock().ok().and_then(|u| u.clone()) else {
+            return String::new();
+        };
+        let list: Vec<String> = addrs
+            .iter()
+            .filter(|a| {
+                family.contains(a)
+                    && !a.is_loopback()
+                    && !matches!(a, std::net::IpAddr::V6(v6) if v6.is_unicast_link_local())
+            })
+            .map(ToString::to_string)
+            .collect();
+        let list = if list.is_empty() {
+            "none of this family".to_string()
+        } else {
+            list.join(", ")
+        };
+        if from_node {
+            format!(
+                "# NodePort virtual servers: on the addresses of Node {node} (its status.addresses: {list}) that --nodeport-addresses selects; on the node, the daemon uses the addresses of its interfaces\n"
+            )
+        } else {
+            format!(
+                "# NodePort virtual servers: on the addresses of the machine this dry run ran on ({list}), as no Node {node} was given; they are the node's only when it ran on the node\n"
+            )
+        }
+    }
+
+    /// The links of the dry run, reading the addresses as this says.
+    pub fn links(&self) -> DryRunLinks {
+        let mut machine = Vec::new();
+        match Links::new().and_then(|mut real| real.local_addresses()) {
+            Ok(addrs) => machine.extend(
+                addrs
+                    .into_iter()
+                    .filter(|(dev, _)| dev != kp_proxier::ipvs::names::DUMMY_DEVICE),
+            ),
+            Err(e) => warn!(
+                "dry run: cannot read this machine's addresses ({e}); NodePort virtual servers are shown only on the Node object's addresses"
+            ),
+        }
+        DryRunLinks {
+            fake: FakeLinks::new(),
+            machine,
+            node: self.clone(),
+        }
+    }
+}
+
+/// The links of `--dry-run`: an empty node (kube-ipvs0 not yet there, created in a fake),
+/// whose other addresses are the Node object's or this machine's ([`DryRunNode`]).
+pub struct DryRunLinks {
+    fake: FakeLinks,
+    machine: Vec<(String, std::net::IpAddr)>,
+    node: DryRunNode,
+}
+
+impl LinkOps for DryRunLinks {
+    fn ensure_dummy(&mut self, name: &str) -> kp_netlink::link::LinkResult<u32> {
+        self.fake.ensure_dummy(name)
+    }
+    fn link_index(&mut self, name: &str) -> kp_netlink::link::LinkResult<Option<u32>> {
+        self.fake.link_index(name)
+    }
+    fn addresses(&mut self, name: &str) -> kp_netlink::link::LinkResult<Vec<std::net::IpAddr>> {
+        self.fake.addresses(name)
+    }
+    fn add_addresses(
+        &mut self,
+        name: &str,
+        addrs: &[std::net::IpAddr],
+    ) -> kp_netlink::link::LinkResult<Vec<kp_netlink::link::LinkResult<()>>> {
+        self.fake.add_addresses(name, addrs)
+    }
+    fn del_addresses(
+        &mut self,
+        name: &str,
+        addrs: &[std::net::IpAddr],
+    ) -> kp_netlink::link::LinkResult<Vec<kp_netlink::link::LinkResult<()>>> {
+        self.fake.del_addresses(name, addrs)
+    }
+    fn delete_link(&mut self, name: &str) -> kp_netlink::link::LinkResult<bool> {
+        self.fake.delete_link(name)
+    }
+    /// kube-ipvs0's addresses (the fake's), and the Node object's addresses when it was
+    /// delivered with some, else this machine's.
+    fn local_addresses(&mut self) -> kp_netlink::link::LinkResult<Vec<(String, std::net::IpAddr)>> {
+        let mut out = self.fake.local_addresses()?;
+        let node = self.node.node_object.lock().ok().and_then(|n| n.clone());
+        let (from_node, others): (bool, Vec<(String, std::net::IpAddr)>) = match node {
+            Some(addrs) if !addrs.is_empty() => (
+                true,
+                addrs
+                    .into_iter()
+                    .map(|a| ("node-object".to_string(), a))
+                    .collect(),
+            ),
+            _ => (false, self.machine.clone()),
+        };
+        if let Ok(mut used) = self.node.used.lock() {
+            *used = Some((from_node, others.iter().map(|(_, a)| *a).collect()));
+        }
+        out.extend(others);
+        out.sort();
+        Ok(out)
+    }
 }

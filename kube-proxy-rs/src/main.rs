@@ -9,6 +9,7 @@ mod compat;
 mod config;
 mod config_watch;
 mod configz;
+mod dry_run;
 mod events;
 mod ipvs_mode;
 mod logging;
@@ -18,6 +19,9 @@ mod ping;
 mod proxy;
 mod restclient;
 mod sandbox;
+mod shutdown;
+mod stdout;
+mod takeover;
 mod trace;
 mod userspace_mode;
 
@@ -131,6 +135,8 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `trace ... | head`: the reader had what it wanted; end quietly.
+        Err(e) if stdout::is_closed_stdout(&e) => ExitCode::from(stdout::CLOSED_STDOUT_STATUS),
         Err(e) => {
             tracing::error!("{e:#}");
             ExitCode::FAILURE

@@ -209,8 +209,8 @@ pub fn choose_backend(arg: IptablesBackendArg, dry_run: bool) -> Backend {
     }
 }
 
-/// When a run of the iptables-based modes takes over a node, removes kube-proxy's chains
-/// from the backend it does not use ([`kp_proxier::iptables::cleanup_other_backend`], both
+/// When a run of the iptables-based modes takes over a node (once its first sync has written
+/// its rules, crate::takeover), removes kube-proxy's chains from the backend it does not use ([`kp_proxier::iptables::cleanup_other_backend`], both
 /// families): the rules a kube-proxy left there (in the other backend, because its image
 /// chose differently or its flags said so) would go on matching and DNATing to old
 /// endpoints next to ours. Only tables that exist are read or written, so no legacy table is
@@ -388,9 +388,12 @@ fn cleanup(backend: Backend, ipvs_exclude: &[IpNet]) -> anyhow::Result<()> {
     }
 }
 
-/// At start, removes what the other mode left, so a node can switch modes without a reboot
-/// (upstream does the same): iptables chains when starting in nftables mode, the nftables
-/// tables when starting in iptables mode. Failures are logged; the proxy starts anyway.
+/// Once this mode's first sync has written every family's rules (crate::takeover), removes
+/// what the other modes left, so a node can switch modes without a reboot and without a moment
+/// without rules (upstream removes them before its first sync): iptables chains (and IPVS
+/// mode's objects) in nftables mode, the nftables tables in the other modes, IPVS mode's own
+/// chains, jumps, ipsets, virtual servers and kube-ipvs0 in iptables mode. Failures are
+/// logged; the proxy goes on.
 ///
 /// After a fallback from IPVS mode (`ipvs_fallback`), IPVS mode's objects are left in place:
 /// the operator asked for IPVS mode, and its next start, once the node has what it lacks,
@@ -428,22 +431,22 @@ fn remove_other_mode(
             if cleanup_userspace(backend) > 0 {
                 info!("removed the userspace-mode portal chains of an earlier run");
             }
-            // IPVS mode shares chains with iptables mode and fills them with ipset matches;
-            // an earlier IPVS run is removed whole first (its sets and virtual servers with
-            // it), then iptables mode writes its own.
+            // IPVS mode shares chains with iptables mode, which its first sync has rewritten:
+            // what is left of IPVS mode are its own chains and jumps (which reference its
+            // ipsets), then the sets, virtual servers and kube-ipvs0.
             if ipvs_fallback {
                 if crate::ipvs_mode::has_leftovers() {
                     warn!(
                         "IPVS-mode objects of an earlier run are left in place (fallback from IPVS mode); --cleanup removes them"
                     );
                 }
-            } else if crate::ipvs_mode::has_leftovers() {
-                let _ = cleanup_iptables(backend);
-                if let Ok(true) = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true) {
-                    info!(
-                        "removed the IPVS-mode rules, ipsets, virtual servers and kube-ipvs0 of an earlier run"
-                    );
-                }
+            } else if crate::ipvs_mode::has_leftovers()
+                && cleanup_ipvs_iptables(backend).is_ok()
+                && let Ok(true) = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true)
+            {
+                info!(
+                    "removed the IPVS-mode rules, ipsets, virtual servers and kube-ipvs0 of an earlier run"
+                );
             }
         }
         // iptables mode's own chains are removed by IPVS mode's first full sync, in the same
@@ -455,19 +458,47 @@ fn remove_other_mode(
             }
         }
         // Userspace mode's first full sync deletes iptables mode's chains in its own
-        // restore; an IPVS run is removed whole first (its sets are referenced by its rules).
-        ProxyModeArg::Userspace => {
-            nftables();
-            if crate::ipvs_mode::has_leftovers() {
-                let _ = cleanup_iptables(backend);
-                if let Ok(true) = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true) {
-                    info!(
-                        "removed the IPVS-mode rules, ipsets, virtual servers and kube-ipvs0 of an earlier run"
-                    );
+        // restore; an IPVS run went before it ([`remove_before_first_sync`]).
+        ProxyModeArg::Userspace => nftables(),
+    }
+}
+
+/// What must go before this mode's first sync: in userspace mode, an IPVS run, whole (its
+/// rules reference its ipsets, and userspace mode's restore does not rewrite them).
+fn remove_before_first_sync(mode: ProxyModeArg, backend: Backend, ipvs_exclude: &[IpNet]) {
+    if mode == ProxyModeArg::Userspace && crate::ipvs_mode::has_leftovers() {
+        let _ = cleanup_iptables(backend);
+        if let Ok(true) = crate::ipvs_mode::cleanup_objects(ipvs_exclude, true) {
+            info!(
+                "removed the IPVS-mode rules, ipsets, virtual servers and kube-ipvs0 of an earlier run"
+            );
+        }
+    }
+}
+
+/// Removes IPVS mode's own chains and jumps from both families of `backend` once iptables
+/// mode's rules are written ([`kp_proxier::iptables::cleanup_ipvs_leftovers`]); `Err` when
+/// one failed (logged), so its ipsets, still referenced, are left.
+fn cleanup_ipvs_iptables(backend: Backend) -> Result<(), ()> {
+    let mut failed = false;
+    for version in [IpVersion::V4, IpVersion::V6] {
+        let ipt = ExecIptables::new(version, backend);
+        match kp_proxier::iptables::cleanup_ipvs_leftovers(&ipt) {
+            Ok(plan) => {
+                for chain in &plan.removed {
+                    debug!(family = ?version, "removed IPVS-mode chain {chain}");
                 }
+            }
+            Err(kp_proxier::ProxierError::Netfilter(kp_netfilter::Error::BinaryNotFound {
+                ..
+            })) => {}
+            Err(e) => {
+                error!(family = ?version, "cannot remove IPVS mode's iptables rules: {e}");
+                failed = true;
             }
         }
     }
+    if failed { Err(()) } else { Ok(()) }
 }
 
 /// Whether this process may change netfilter rules (CAP_NET_ADMIN in its effective set).
@@ -483,32 +514,46 @@ fn has_net_admin() -> bool {
         .is_some_and(|caps| caps & (1 << CAP_NET_ADMIN) != 0)
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
+/// SIGTERM and SIGINT, each time they come (a second one ends the wait for a sync in
+/// flight, see crate::shutdown). A signal whose handler cannot be installed never comes.
+struct Signals {
+    term: Option<tokio::signal::unix::Signal>,
+    int: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn new() -> Signals {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
+        Signals {
+            term: signal(SignalKind::terminate()).ok(),
+            int: signal(SignalKind::interrupt()).ok(),
         }
     }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
+
+    /// The next signal's name.
+    async fn recv(&mut self) -> &'static str {
+        async fn next(s: &mut Option<tokio::signal::unix::Signal>) {
+            let got = match s {
+                Some(s) => s.recv().await.is_some(),
+                None => false,
+            };
+            if !got {
+                std::future::pending::<()>().await;
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.term) => "SIGTERM",
+            () = next(&mut self.int) => "SIGINT",
+        }
     }
 }
 
-/// Spawns one family's sync loop on `loops`.
+/// Spawns one family's sync loop on `loops`; what it is busy with goes to a new entry of
+/// `activities` (crate::shutdown says what a stop waits for).
+#[allow(clippy::too_many_arguments)]
 fn spawn_loop<P: Proxier + 'static>(
     loops: &mut tokio::task::JoinSet<(IpFamily, Result<(), kp_runtime::RuntimeError>)>,
+    activities: &mut Vec<kp_runtime::Activity>,
     family: IpFamily,
     sync_loop: SyncLoop<P>,
     events: mpsc::Receiver<Vec<kp_model::SourceEvent>>,
@@ -516,7 +561,9 @@ fn spawn_loop<P: Proxier + 'static>(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     observer: Arc<dyn kp_runtime::SyncObserver>,
 ) {
-    let sync_loop = sync_loop.with_observer(observer);
+    let activity = kp_runtime::Activity::default();
+    activities.push(activity.clone());
+    let sync_loop = sync_loop.with_observer(observer).with_activity(activity);
     loops.spawn(async move {
         (
             family,
@@ -735,16 +782,23 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         crate::nodesetup::apply_conntrack(&conntrack);
     }
     if !args.dry_run {
-        if !nft_mode {
-            remove_other_backend(backend);
-        }
-        remove_other_mode(
+        // Only what this mode's first sync cannot coexist with goes now; the rest of the
+        // other modes' leftovers once it has written its rules (crate::takeover).
+        remove_before_first_sync(args.proxy_mode, backend, &ipvs_cfg.exclude_cidrs);
+    }
+    let remove_leftovers = {
+        let (mode, exclude, fallback) = (
             args.proxy_mode,
-            backend,
-            &ipvs_cfg.exclude_cidrs,
+            ipvs_cfg.exclude_cidrs.clone(),
             !ipvs_fallback.is_empty(),
         );
-    }
+        move || {
+            if mode != ProxyModeArg::Nftables {
+                remove_other_backend(backend);
+            }
+            remove_other_mode(mode, backend, &exclude, fallback);
+        }
+    };
 
     // /configz: the effective configuration, after a fallback from IPVS mode.
     let configz = crate::configz::document(&args);
@@ -756,7 +810,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         let admin_mode = if nft_mode {
             kp_admin::ProxyMode::Nftables
         } else if ipvs_mode {
@@ -874,6 +928,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         // events is split between them (kp_track::split_by_family).
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let mut loops = tokio::task::JoinSet::new();
+        let mut activities: Vec<kp_runtime::Activity> = Vec::new();
         let mut servers = tokio::task::JoinSet::new();
         if !args.dry_run && !args.once {
             let hc_addresses = if args.nodeport_addresses.iter().all(|a| a.trim().is_empty() || a.trim() == "all") {
@@ -898,13 +953,19 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         let mut ipvs_outputs: Vec<(IpFamily, Sink, Sink)> = Vec::new();
         let mut userspace_outputs: Vec<(IpFamily, Sink)> = Vec::new();
         let mut relays = crate::userspace_mode::Relays::default();
+        // IPVS mode's dry run: the Node object's addresses stand for the node's.
+        let dry_run_node = crate::ipvs_mode::DryRunNode::default();
         let mode = if args.once || args.dry_run {
             RunMode::Once
         } else {
             RunMode::Daemon
         };
+        // The other modes' leftovers go once this mode has written every family's rules
+        // (crate::takeover).
+        let takeover = crate::takeover::Takeover::new(&families);
         for (i, family) in families.into_iter().enumerate() {
-            let observer: Arc<dyn kp_runtime::SyncObserver> = Arc::new(crate::admin::Observer::new(admin.clone(), i == 0));
+            let observer: Arc<dyn kp_runtime::SyncObserver> =
+                takeover.observer(Arc::new(crate::admin::Observer::new(admin.clone(), i == 0)));
             let (ftx, frx) = mpsc::channel(64);
             senders.push((family, ftx));
             let tracker = Tracker::new(family, node.clone()).with_primary_ip(args.bind_address);
@@ -953,8 +1014,8 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     Box::new(ExecIptables::new(version, backend))
                 };
                 let proxier = kp_proxier::userspace::UserspaceProxier::new(family, ucfg.clone(), ipt, relay, host);
-                let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
+                spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 continue;
             }
             if ipvs_mode {
@@ -975,7 +1036,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                         ipt(sink),
                         Box::new(crate::ipvs_mode::PrintingIpset { fake: kp_netfilter::ipset::FakeIpset::new(), sink: ipset_sink }),
                         Box::new(crate::ipvs_mode::PrintingIpvs { fake: kp_netlink::ipvs::FakeIpvs::new(), sink: ipvs_sink }),
-                        Box::new(crate::ipvs_mode::dry_run_links()),
+                        Box::new(dry_run_node.links()),
                         host,
                     )?
                 } else {
@@ -995,8 +1056,8 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     }
                     p
                 };
-                let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
+                spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 continue;
             }
             match (nft_mode, args.dry_run) {
@@ -1008,8 +1069,8 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     if let Some(n) = crate::nfacct::proxier_handle(true, family) {
                         proxier = proxier.with_nfacct(n);
                     }
-                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                    let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
+                    spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (false, false) => {
                     let ipt = ExecIptables::new(version, backend);
@@ -1022,21 +1083,21 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     if let Some(n) = crate::nfacct::proxier_handle(false, family) {
                         proxier = proxier.with_nfacct(n);
                     }
-                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                    let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
+                    spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (true, true) => {
                     let proxier = NftablesProxier::new(family, nft_cfg.clone(), PrintingNft { sink }, host)?;
-                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                    let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
+                    spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
                 (true, false) => {
                     let mut proxier = NftablesProxier::new(family, nft_cfg.clone(), ExecNft::new(), host)?;
                     if let Some(ct) = conntrack() {
                         proxier = proxier.with_conntrack(ct);
                     }
-                    let sync_loop = SyncLoop::new(tracker, proxier, runner);
-                    spawn_loop(&mut loops, family, sync_loop, frx, mode, shutdown, observer.clone());
+                    let sync_loop = SyncLoop::new(tracker, takeover.guard(proxier), runner);
+                    spawn_loop(&mut loops, &mut activities, family, sync_loop, frx, mode, shutdown, observer.clone());
                 }
             }
         }
@@ -1056,9 +1117,14 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             // Upstream's "birth cry", once the sources and sync loops run.
             events.post(false, "Starting", "StartKubeProxy", None, events.node_ref());
         }
+        let observe_node = (args.dry_run && ipvs_mode).then(|| (dry_run_node.clone(), node.clone()));
         let fan_out = tokio::spawn(async move {
             let families: Vec<IpFamily> = senders.iter().map(|(f, _)| *f).collect();
             while let Some(batch) = rx.recv().await {
+                // Before the trackers see it, so that the sync it leads to reads it.
+                if let Some((dry_run_node, node)) = &observe_node {
+                    dry_run_node.observe(node, &batch);
+                }
                 // Each family's tracker gets whole only the objects it keeps (a Service with
                 // a ClusterIP of its family, a slice of its addressType), the others as a
                 // delete of their name: no tracker holds a copy of the whole batch.
@@ -1067,8 +1133,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                 }
             }
         });
-        let signal = shutdown_signal();
-        tokio::pin!(signal);
+        let mut signals = Signals::new();
         // As upstream, the daemon exits when its --config file changes, to be restarted with it.
         let config_changed = crate::config_watch::changed(
             args.config_loaded.take().filter(|_| mode == RunMode::Daemon),
@@ -1077,24 +1142,63 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         let mut config_done = false;
         let mut result: anyhow::Result<()> = Ok(());
         let mut source_done = false;
-        // A completed future must not be polled again: each branch runs once.
-        let mut signalled = false;
+        // Once a stop is asked for, the loops finish the syncs in flight within this
+        // (crate::shutdown); a second signal ends the wait at once.
+        let mut give_up_at: Option<tokio::time::Instant> = None;
+        let stop = |why: &str, give_up_at: &mut Option<tokio::time::Instant>| {
+            let _ = stop_tx.send(true);
+            if give_up_at.is_none() {
+                crate::shutdown::log_stopping(why, &activities);
+                *give_up_at = Some(tokio::time::Instant::now() + crate::shutdown::SHUTDOWN_WAIT);
+            }
+        };
+        let give_up = |give_up_at: Option<tokio::time::Instant>| async move {
+            match give_up_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        // The other modes' leftovers, removed once every family's first sync has succeeded
+        // (crate::takeover); never by a dry run, nor once the daemon stops.
+        let mut take_over: Option<Box<dyn FnOnce() + Send>> =
+            (!args.dry_run).then(|| Box::new(remove_leftovers) as Box<dyn FnOnce() + Send>);
+        let mut taking_over: Option<tokio::task::JoinHandle<()>> = None;
+        let start_takeover = |job: Box<dyn FnOnce() + Send>| {
+            let takeover = takeover.clone();
+            tokio::task::spawn_blocking(move || takeover.exclusively(job))
+        };
+        let mut gave_up = false;
         loop {
             tokio::select! {
-                () = &mut signal, if !signalled => {
-                    signalled = true;
-                    let _ = stop_tx.send(true);
+                () = takeover.wait_all_synced(), if take_over.is_some() && give_up_at.is_none() => {
+                    taking_over = take_over.take().map(start_takeover);
+                }
+                name = signals.recv() => {
+                    if give_up_at.is_some() {
+                        crate::shutdown::give_up(&format!("{name} again"), &activities);
+                        gave_up = true;
+                        break;
+                    }
+                    stop(name, &mut give_up_at);
+                }
+                () = give_up(give_up_at) => {
+                    crate::shutdown::give_up(
+                        &format!("still running after {} s", crate::shutdown::SHUTDOWN_WAIT.as_secs()),
+                        &activities,
+                    );
+                    gave_up = true;
+                    break;
                 }
                 e = &mut config_changed, if !config_done => {
                     config_done = true;
                     result = Err(e);
-                    let _ = stop_tx.send(true);
+                    stop("the --config file changed", &mut give_up_at);
                 }
                 s = &mut source, if !source_done => {
                     source_done = true;
                     if let Ok(Err(e)) = s {
                         result = Err(e);
-                        let _ = stop_tx.send(true);
+                        stop("the source of Services failed", &mut give_up_at);
                     }
                 }
                 Some(Ok(Err(e))) = servers.join_next() => {
@@ -1111,7 +1215,7 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                             .await;
                     }
                     result = Err(e);
-                    let _ = stop_tx.send(true);
+                    stop("a server failed to start", &mut give_up_at);
                 }
                 joined = loops.join_next() => match joined {
                     None => break,
@@ -1127,14 +1231,38 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                         if result.is_ok() {
                             result = Err(anyhow!(e).context(format!("{family} proxier")));
                         }
-                        let _ = stop_tx.send(true);
+                        stop("a sync loop ended with an error", &mut give_up_at);
                     }
                     Some(Ok((_, Ok(())))) => {}
                     Some(Err(e)) => {
                         result = Err(anyhow!("a sync loop failed: {e}"));
-                        let _ = stop_tx.send(true);
+                        stop("a sync loop failed", &mut give_up_at);
                     }
                 },
+            }
+        }
+        // --once: the loops ended after their first sync, maybe before the branch above ran.
+        if takeover.all_synced() && give_up_at.is_none() && result.is_ok()
+            && let Some(job) = take_over.take()
+        {
+            taking_over = Some(start_takeover(job));
+        }
+        // The removal runs to its end, within the bound of a stop.
+        if let Some(task) = taking_over
+            && !gave_up
+        {
+            let finished = match give_up_at {
+                Some(at) => tokio::time::timeout_at(at, task).await.is_ok(),
+                None => {
+                    let _ = task.await;
+                    true
+                }
+            };
+            if !finished {
+                crate::shutdown::give_up(
+                    &format!("still running after {} s", crate::shutdown::SHUTDOWN_WAIT.as_secs()),
+                    &activities,
+                );
             }
         }
         source.abort();
@@ -1149,28 +1277,33 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             userspace_outputs.clear();
             outputs.clear();
         }
+        // Printed at once, so that a reader that stops early (`| head`) ends the run quietly
+        // (crate::stdout).
+        let mut printed = String::new();
         for (family, ipset_sink, ipvs_sink) in ipvs_outputs {
             let sets = ipset_sink.lock().map(|s| s.clone()).unwrap_or_default();
             let table = ipvs_sink.lock().map(|s| s.clone()).unwrap_or_default();
-            println!("# {family}: ipset restore input");
-            print!("{sets}");
-            println!("# {family}: IPVS table (ipvsadm -S -n)");
-            print!("{table}");
+            printed.push_str(&format!("# {family}{}\n{sets}", crate::dry_run::IPSET_HEADER));
+            printed.push_str(&format!(
+                "# {family}{}\n{}{table}",
+                crate::dry_run::IPVS_TABLE_HEADER,
+                dry_run_node.header(family, &node)
+            ));
         }
         for (family, table) in userspace_outputs {
             let text = table.lock().map(|s| s.clone()).unwrap_or_default();
-            println!("# {family}{}", crate::trace::DRY_RUN_TABLE_HEADER);
-            print!("{text}");
+            printed.push_str(&format!("# {family}{}\n{text}", crate::trace::DRY_RUN_TABLE_HEADER));
         }
         for (family, sink) in outputs {
             let text = sink.lock().map(|s| s.clone()).unwrap_or_default();
-            let tool = match (nft_mode, family) {
-                (true, _) => "nft -f",
-                (false, IpFamily::V4) => "iptables-restore",
-                (false, IpFamily::V6) => "ip6tables-restore",
-            };
-            println!("# {family}: {tool} input");
-            print!("{text}");
+            if nft_mode {
+                printed.push_str(&format!("# {family}: nft -f input\n{text}"));
+            } else {
+                printed.push_str(&crate::dry_run::iptables_section(family, &text));
+            }
+        }
+        if !printed.is_empty() {
+            crate::stdout::print(&printed)?;
         }
         let skipped = skipped.load(std::sync::atomic::Ordering::Relaxed);
         if result.is_ok() && args.dry_run && skipped > 0 {
@@ -1178,7 +1311,11 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             bail!("{skipped} manifest problem(s) reported above; the objects concerned are not in the output");
         }
         result
-    })
+    });
+    // A sync the shutdown gave up on may still be on a blocking thread (its commands were
+    // killed, so it ends soon): do not wait for it as dropping the runtime would.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    result
 }
 
 /// The families to program: IPv4, and IPv6 when the kernel has it (`/proc/sys/net/ipv6`)

@@ -535,19 +535,51 @@ fn complete_ipvs_jumps(rules: &mut Ruleset) -> Vec<String> {
     notes
 }
 
-/// The IPVS table: `--ipvs FILE`, or this node's (`--live`).
-fn load_ipvs(args: &TraceArgs, live_auto: bool) -> anyhow::Result<Option<IpvsTable>> {
+/// The IPVS table: `--ipvs FILE` (`ipvsadm -Sn` output, or a whole IPVS-mode `--dry-run`
+/// output, whose section of the packet's family is taken), the IPVS section of a `--rules`
+/// dry run (`dump_table`), or this node's (`--live`). `notes` gets a note when a dry run's
+/// section was taken.
+fn load_ipvs(
+    args: &TraceArgs,
+    live_auto: bool,
+    dump_table: Option<&str>,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<Option<IpvsTable>> {
+    let family = if args.dst.is_ipv4() { "IPv4" } else { "IPv6" };
     if let Some(path) = &args.ipvs {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let (text, section) = dry_run_part(
+            text,
+            family,
+            crate::dry_run::IPVS_TABLE_HEADER,
+            "IPVS table",
+        )
+        .map_err(|e| anyhow!("--ipvs {}: {e}", path.display()))?;
+        if section {
+            notes.push(format!(
+                "the IPVS table is the {family} one of the --dry-run output {}",
+                path.display()
+            ));
+        }
         return IpvsTable::parse(&text)
             .map(Some)
             .map_err(|e| anyhow!("{}: {e}", path.display()));
     }
     if !args.live {
+        if let Some(text) = dump_table {
+            notes.push(format!(
+                "the rules are an IPVS-mode --dry-run: traced with its {family} IPVS table and \
+                 ipsets (--mode iptables traces its iptables rules alone)"
+            ));
+            return IpvsTable::parse(text)
+                .map(Some)
+                .map_err(|e| anyhow!("the --dry-run's {family} IPVS table: {e}"));
+        }
         if args.mode == TraceMode::Ipvs {
             bail!(
-                "--mode ipvs with a dump needs the IPVS table: pass --ipvs FILE (`ipvsadm -Sn` output)"
+                "--mode ipvs with a dump needs the IPVS table: pass --ipvs FILE (`ipvsadm -Sn` \
+                 output, or IPVS mode's --dry-run output)"
             );
         }
         return Ok(None);
@@ -681,11 +713,11 @@ fn fetch_live_userspace() -> anyhow::Result<String> {
 pub(crate) const DRY_RUN_TABLE_HEADER: &str =
     ": userspace proxy table (kube-proxy-rs trace --userspace)";
 
-/// The `family` (`IPv4`, `IPv6`) proxy table of a whole `--dry-run` output (its section runs
-/// from its header to the next `# <family>: ` section header); `None` when `text` is not a
-/// dry run's output.
-fn dry_run_table(text: &str, family: &str) -> Option<String> {
-    let header = format!("# {family}{DRY_RUN_TABLE_HEADER}");
+/// The `family` (`IPv4`, `IPv6`) section of a whole `--dry-run` output whose header is
+/// `# <family><suffix>` (e.g. [`DRY_RUN_TABLE_HEADER`]): from that header to the next
+/// `# IPv4: `/`# IPv6: ` section header; `None` when `text` has no such section.
+fn dry_run_section(text: &str, family: &str, suffix: &str) -> Option<String> {
+    let header = format!("# {family}{suffix}");
     let mut lines = text.lines().skip_while(|l| *l != header);
     lines.next()?;
     let section: Vec<&str> = lines
@@ -694,14 +726,57 @@ fn dry_run_table(text: &str, family: &str) -> Option<String> {
     Some(section.join("\n") + "\n")
 }
 
+/// The `family` proxy table of a whole `--dry-run` output in userspace mode.
+fn dry_run_table(text: &str, family: &str) -> Option<String> {
+    dry_run_section(text, family, DRY_RUN_TABLE_HEADER)
+}
+
+/// A file given for one part of IPVS mode (`--ipvs`, `--ipsets`): a whole `--dry-run` output
+/// of IPVS mode gives the section of the packet's family (whose header ends in `suffix`),
+/// any other file is taken whole. `what` names the part in errors.
+///
+/// # Errors
+/// A dry run's output with that part of the other family only.
+fn dry_run_part(
+    text: String,
+    family: &str,
+    suffix: &str,
+    what: &str,
+) -> anyhow::Result<(String, bool)> {
+    if let Some(section) = dry_run_section(&text, family, suffix) {
+        return Ok((section, true));
+    }
+    let other = if family == "IPv4" { "IPv6" } else { "IPv4" };
+    if dry_run_section(&text, other, suffix).is_some() {
+        bail!(
+            "the file is a --dry-run's output with an {other} {what} only (`# {other}{suffix}'), \
+             but the packet is {family}"
+        );
+    }
+    Ok((text, false))
+}
+
 /// The userspace proxy's table: `--userspace FILE`, or with `--live` the daemon's
 /// (`--mode userspace`, or `auto` when `rules` have the portal chains). `Ok(None)`: not
 /// userspace mode.
-fn load_userspace(args: &TraceArgs, rules: &Rules) -> anyhow::Result<Option<UserspaceTable>> {
+fn load_userspace(
+    args: &TraceArgs,
+    rules: &Rules,
+    dump: Option<&str>,
+) -> anyhow::Result<Option<UserspaceTable>> {
+    let family = if args.dst.is_ipv4() { "IPv4" } else { "IPv6" };
+    // A whole userspace-mode --dry-run as --rules: its proxy table of the packet's family.
+    if args.userspace.is_none()
+        && matches!(args.mode, TraceMode::Auto | TraceMode::Userspace)
+        && let Some(text) = dump.and_then(|d| dry_run_table(d, family))
+    {
+        return UserspaceTable::parse(&text)
+            .map(Some)
+            .map_err(|e| anyhow!("the --dry-run's {family} userspace proxy table: {e}"));
+    }
     if let Some(path) = &args.userspace {
         let text =
             std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let family = if args.dst.is_ipv4() { "IPv4" } else { "IPv6" };
         let text = dry_run_table(&text, family).unwrap_or(text);
         return UserspaceTable::parse(&text)
             .map(Some)
@@ -741,7 +816,19 @@ fn load_userspace(args: &TraceArgs, rules: &Rules) -> anyhow::Result<Option<User
     }
 }
 
-fn load_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<Rules> {
+/// The rules to trace: this node's (`--live`), or `dump`, the `--rules` file's text.
+/// `ipvs`: IPVS mode is traced (`--mode ipvs`, `--ipvs`, or an IPVS-mode dry run as `--rules`).
+fn load_rules(
+    args: &TraceArgs,
+    version: IpVersion,
+    dump: Option<String>,
+    ipvs: bool,
+) -> anyhow::Result<Rules> {
+    let mut dump = dump;
+    let mut take_dump = || {
+        dump.take()
+            .ok_or_else(|| anyhow!("pass --rules FILE or --live"))
+    };
     if userspace_asked(args) {
         if args.mode == TraceMode::Nftables {
             bail!(
@@ -751,7 +838,7 @@ fn load_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<Rules> {
         if args.live {
             return parse_iptables(live_iptables(version)?, version, Source::Live);
         }
-        let text = read_dump(args)?;
+        let text = take_dump()?;
         if looks_like_json(&text) {
             bail!(
                 "userspace mode needs the node's iptables rules (`iptables-save`), but the rules \
@@ -764,14 +851,14 @@ fn load_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<Rules> {
         }
         return Ok(rules);
     }
-    if args.mode == TraceMode::Ipvs || args.ipvs.is_some() {
+    if ipvs {
         if args.mode == TraceMode::Nftables {
             bail!("--ipvs is IPVS mode, which traces iptables rules: drop --mode nftables");
         }
         if args.live {
             return parse_iptables(live_iptables(version)?, version, Source::Live);
         }
-        let text = read_dump(args)?;
+        let text = take_dump()?;
         if looks_like_json(&text) {
             bail!(
                 "IPVS mode needs the node's iptables rules (`iptables-save`), but the rules \
@@ -786,7 +873,7 @@ fn load_rules(args: &TraceArgs, version: IpVersion) -> anyhow::Result<Rules> {
         return Ok(rules);
     }
     if !args.live {
-        let text = read_dump(args)?;
+        let text = take_dump()?;
         return match (looks_like_json(&text), nft_text_kind(&text), args.mode) {
             (true, _, TraceMode::Iptables) => {
                 bail!("--mode iptables needs iptables rules, but the rules are JSON (nftables)")
@@ -837,17 +924,43 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         IpAddr::V6(_) => IpVersion::V6,
     };
     check_mode_flags(&args)?;
-    let rules = load_rules(&args, version)?;
+    let family = family_name(version);
+    let dump = if args.live {
+        None
+    } else {
+        Some(read_dump(&args)?)
+    };
+    // A whole IPVS-mode --dry-run as --rules: its IPVS table and ipsets of the packet's
+    // family come with it (`--mode iptables` traces its iptables rules alone).
+    let dump_ipvs = dump
+        .as_deref()
+        .filter(|_| {
+            matches!(args.mode, TraceMode::Auto | TraceMode::Ipvs) && !userspace_asked(&args)
+        })
+        .and_then(|d| dry_run_section(d, family, crate::dry_run::IPVS_TABLE_HEADER));
+    let dump_ipsets = dump_ipvs
+        .as_ref()
+        .and(dump.as_deref())
+        .and_then(|d| dry_run_section(d, family, crate::dry_run::IPSET_HEADER));
+    let ipvs_asked = args.mode == TraceMode::Ipvs || args.ipvs.is_some() || dump_ipvs.is_some();
+    let dump_text = dump.clone();
+    let rules = load_rules(&args, version, dump, ipvs_asked)?;
     let nft = matches!(rules, Rules::Nftables(_));
+    let mut ipvs_notes = Vec::new();
     let ipvs = if nft || userspace_asked(&args) {
         None
     } else {
-        load_ipvs(&args, args.mode == TraceMode::Auto)?
+        load_ipvs(
+            &args,
+            args.mode == TraceMode::Auto,
+            dump_ipvs.as_deref(),
+            &mut ipvs_notes,
+        )?
     };
     let userspace = if nft || ipvs.is_some() {
         None
     } else {
-        load_userspace(&args, &rules)?
+        load_userspace(&args, &rules, dump_text.as_deref())?
     };
     if userspace.is_some() && args.live && args.mode == TraceMode::Auto {
         eprintln!(
@@ -923,8 +1036,20 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     };
     let ipsets = match (&args.ipsets, args.live && !nft) {
         (Some(p), _) => {
-            Some(std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let (text, section) =
+                dry_run_part(text, family, crate::dry_run::IPSET_HEADER, "ipset payload")
+                    .map_err(|e| anyhow!("--ipsets {}: {e}", p.display()))?;
+            if section {
+                ipvs_notes.push(format!(
+                    "the ipsets are the {family} ones of the --dry-run output {}",
+                    p.display()
+                ));
+            }
+            Some(text)
         }
+        (None, false) if ipvs.is_some() => dump_ipsets,
         (None, true) => std::process::Command::new("ipset")
             .arg("save")
             .output()
@@ -937,7 +1062,6 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
         host.load_ipset_save(&text)
             .map_err(|e| anyhow!("ipsets: {e}"))?;
     }
-    let mut ipvs_notes = Vec::new();
     if let Some(table) = &ipvs {
         if ipsets_missing(&host) {
             ipvs_notes.push(
@@ -1072,16 +1196,16 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
     if let Rules::Iptables(_, _, notes) = &rules {
         result.notes.splice(0..0, notes.iter().cloned());
     }
-    if args.json {
-        println!("{}", result.to_json().map_err(|e| anyhow!("{e}"))?);
+    let mut text = if args.json {
+        result.to_json().map_err(|e| anyhow!("{e}"))?
     } else {
-        let text = render_text(&result, &packet);
-        print!("{text}");
-        if !text.ends_with('\n') {
-            println!();
-        }
+        render_text(&result, &packet)
+    };
+    if !text.ends_with('\n') {
+        text.push('\n');
     }
-    Ok(())
+    // A reader that stops early (`| head`) ends the command quietly (crate::stdout).
+    crate::stdout::print(&text)
 }
 
 /// Whether none of IPVS mode's ipsets was given.

@@ -11,7 +11,8 @@
 //! endpoints refused, session affinity, a non-default scheduler, UDP following an endpoint
 //! move, Local traffic policy keeping the client's address, and mode switches ipvs →
 //! iptables → ipvs → nftables → iptables → ipvs, each removing the others' leftovers, and
-//! `--cleanup`.
+//! `--cleanup`; and a client that never sees a failed connection while the node switches to and
+//! from IPVS mode.
 
 mod common;
 
@@ -310,9 +311,8 @@ fn seed_cluster_and_mode_switches() -> Result<(), Failed> {
             && node.ip(["link", "show", "kube-ipvs0"]).is_err()
             && !run(node, "ipset", &["list", "-n"]).contains("KUBE-")
     })?;
-    // IPVS mode's KUBE-POSTROUTING may have satisfied `wait_programmed` before the start-up
-    // cleanup removed it, and the leftovers go before the first sync: wait for iptables
-    // mode's own rules before sending traffic.
+    // IPVS mode's KUBE-POSTROUTING may have satisfied `wait_programmed`; the leftovers go
+    // after iptables mode's first sync, so its rules are there by now.
     proxy.wait_nat_rules_contain(node, "-A KUBE-SVC-");
     let c = counts(http_get_many(client, vip, 10, T));
     assert_eq!(c.values().sum::<usize>(), 10, "{c:?}");
@@ -350,10 +350,17 @@ fn seed_cluster_and_mode_switches() -> Result<(), Failed> {
     drop(proxy);
     let mut proxy = Daemon::start(Mode::Nftables, node, dir.path(), &ipt_args, None);
     proxy.wait_programmed(node);
-    assert!(!run(node, "iptables-save", &[]).contains("KUBE-"));
-    assert!(run(node, "ipvsadm", &["-S", "-n"]).trim().is_empty());
-    assert!(node.ip(["link", "show", "kube-ipvs0"]).is_err());
-    assert!(!run(node, "ipset", &["list", "-n"]).contains("KUBE-"));
+    // The old mode's objects go once the new mode's first sync is done.
+    wait(
+        "IPVS mode's objects removed",
+        Duration::from_secs(60),
+        || {
+            !run(node, "iptables-save", &[]).contains("KUBE-")
+                && run(node, "ipvsadm", &["-S", "-n"]).trim().is_empty()
+                && node.ip(["link", "show", "kube-ipvs0"]).is_err()
+                && !run(node, "ipset", &["list", "-n"]).contains("KUBE-")
+        },
+    )?;
     let c = counts(http_get_many(client, vip, 10, T));
     assert!(c.keys().all(|k| !k.starts_with("error")), "{c:?}");
 
@@ -361,8 +368,11 @@ fn seed_cluster_and_mode_switches() -> Result<(), Failed> {
     drop(proxy);
     let mut proxy = Daemon::start(Mode::Iptables, node, dir.path(), &ipt_args, None);
     proxy.wait_programmed(node);
-    let tables = run(node, "nft", &["list", "tables"]);
-    assert!(!tables.contains("kube-proxy"), "{tables}");
+    wait(
+        "the nftables tables removed",
+        Duration::from_secs(60),
+        || !run(node, "nft", &["list", "tables"]).contains("kube-proxy"),
+    )?;
     let c = counts(http_get_many(client, vip, 10, T));
     assert!(c.keys().all(|k| !k.starts_with("error")), "{c:?}");
 
@@ -381,6 +391,106 @@ fn seed_cluster_and_mode_switches() -> Result<(), Failed> {
     assert!(!run(node, "iptables-save", &[]).contains("KUBE-"));
     drop(servers);
     Ok(())
+}
+
+/// How many Services the mode-switch probe trial programs besides the seed's: a fortieth of
+/// the host test's 2,000 (tests/netns.rs), as everything in the guest is 10-30 times slower.
+const SWITCH_SERVICES: usize = 50;
+
+/// Mode switches to and from IPVS mode leave no moment without rules: a client connects to the
+/// seed's ClusterIP over and over (a new connection each time) while the daemon is stopped and
+/// started in the other mode: nftables → IPVS → iptables → IPVS → nftables (every direction to
+/// and from IPVS mode), on the seed plus 50 Services. Each new mode writes its rules before the old mode's are removed
+/// (crate::takeover), so not one connection fails; the old mode's objects are gone after each.
+fn mode_switches_to_and_from_ipvs_drop_no_connection() -> Result<(), Failed> {
+    let (topology, servers) = seed_topology();
+    let (node, client) = (topology.node(), topology.client());
+    let dir = tempdir();
+    let manifest = write(
+        dir.path(),
+        "cluster.yaml",
+        &format!(
+            "{SEED_CLUSTER}\n{}",
+            common::filler_services(SWITCH_SERVICES)
+        ),
+    );
+    let mut args = vec![
+        "--manifests",
+        manifest.to_str().unwrap(),
+        "--ipvs-sync-period=30s",
+    ];
+    args.extend(NODE_ARGS);
+    let vip: SocketAddr = "10.96.138.71:8080".parse().unwrap();
+    let ipvs_gone = || {
+        run(node, "ipvsadm", &["-S", "-n"]).trim().is_empty()
+            && node.ip(["link", "show", "kube-ipvs0"]).is_err()
+            && !run(node, "ipset", &["list", "-n"]).contains("KUBE-")
+    };
+    let iptables_mode_gone = || {
+        let nat = run(node, "iptables-save", &["-t", "nat"]);
+        !nat.contains("KUBE-SVC-") && !nat.contains("KUBE-NODEPORTS")
+    };
+    let nftables_gone = || !run(node, "nft", &["list", "tables"]).contains("kube-proxy");
+    let iptables_all_gone = || !run(node, "iptables-save", &[]).contains("KUBE-");
+    let mut proxy = Daemon::start(Mode::Nftables, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
+    proxy.wait_nat_rules_contain(node, "10.97.0.50");
+    let mut failures = Vec::new();
+    let steps: [(Mode, &dyn Fn() -> bool); 4] = [
+        (Mode::Ipvs, &nftables_gone),
+        (Mode::Iptables, &ipvs_gone),
+        (Mode::Ipvs, &iptables_mode_gone),
+        (Mode::Nftables, &|| ipvs_gone() && iptables_all_gone()),
+    ];
+    for (to, old_gone) in steps {
+        let started = Instant::now();
+        let (log, probes) = common::probe_during(
+            client,
+            vip,
+            Duration::from_secs(2),
+            Duration::from_millis(100),
+            || {
+                std::thread::sleep(Duration::from_secs(1));
+                drop(std::mem::replace(
+                    &mut proxy,
+                    Daemon::start(to, node, dir.path(), &args, None),
+                ));
+                wait(
+                    "the new mode's rules and the old mode's removal",
+                    Duration::from_secs(120),
+                    || to.programmed(node) && old_gone(),
+                )?;
+                std::thread::sleep(Duration::from_secs(1));
+                Ok::<String, Failed>(proxy.log())
+            },
+        );
+        let log = log?;
+        let (failed, span) = common::failures(&probes);
+        eprintln!(
+            "switching to {to:?}: {} of {} connections failed, in {:?}",
+            failed.len(),
+            probes.len(),
+            started.elapsed()
+        );
+        if !failed.is_empty() {
+            failures.push(format!(
+                "switching to {to:?}: {} of {} connections failed over {span:?}; first: {:?}\n{log}",
+                failed.len(),
+                probes.len(),
+                failed[0]
+            ));
+        }
+        if probes.len() < 10 {
+            return Err(format!("switching to {to:?}: only {} probes", probes.len()).into());
+        }
+    }
+    drop(proxy);
+    drop(servers);
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n").into())
+    }
 }
 
 /// Affinity, Local policy keeping the client's address, a non-default scheduler and UDP
@@ -419,7 +529,7 @@ fn service_features() -> Result<(), Failed> {
     let ipv4 = out
         .split("# IPv4: iptables-restore input")
         .nth(1)
-        .and_then(|t| t.split("\n# ").next())
+        .and_then(|t| t.split("\n# IPv").next())
         .unwrap_or_default()
         .to_string();
     let saved = format!(
@@ -515,6 +625,10 @@ fn main() {
             seed_cluster_and_mode_switches,
         ),
         Trial::test("service_features", service_features),
+        Trial::test(
+            "mode_switches_to_and_from_ipvs_drop_no_connection",
+            mode_switches_to_and_from_ipvs_drop_no_connection,
+        ),
         Trial::test("ipv6_cluster_ip_and_node_port", || {
             common::ipv6_cluster_ip_and_node_port(Mode::Ipvs);
             Ok(())

@@ -810,6 +810,84 @@ fn nftables_switching_modes_without_a_reboot_and_cleanup_of_both() {
     assert!(ruleset.contains("tcp dport 22 accept"), "{ruleset}");
 }
 
+/// How many Services the mode-switch probe test programs: enough that a start and a first
+/// sync take a while (the gap the old order left grew with them: 0.6 s at 5,000 Services from
+/// iptables to nftables mode in a release build).
+const SWITCH_SERVICES: usize = 2000;
+
+/// A mode switch leaves no moment without rules: a client connects to the seed's ClusterIP
+/// over and over (a new connection each time, 300 ms timeout) while the daemon is stopped and
+/// started in the other mode, iptables → nftables → iptables, on the seed plus 2,000 Services.
+/// The new mode writes its rules before it removes the old mode's (crate::takeover), so not
+/// one connection fails; the old mode's rules are gone afterwards.
+#[test]
+fn switching_between_iptables_and_nftables_mode_drops_no_connection() {
+    if !require_root() {
+        return;
+    }
+    let (topology, _servers) = seed_topology();
+    let (node, client) = (topology.node(), topology.client());
+    let dir = tempdir();
+    let manifest = write(
+        dir.path(),
+        "cluster.yaml",
+        &format!(
+            "{SEED_CLUSTER}\n{}",
+            common::filler_services(SWITCH_SERVICES)
+        ),
+    );
+    let mut args = vec!["--manifests", manifest.to_str().unwrap()];
+    args.extend(NODE_ARGS);
+    let vip: SocketAddr = "10.96.138.71:8080".parse().unwrap();
+    let mut proxy = Daemon::start(Mode::Iptables, node, dir.path(), &args, None);
+    proxy.wait_programmed(node);
+    proxy.wait_nat_rules_contain(node, "10.97.7.250");
+    let iptables_gone = || !save(node, "iptables-save").contains("KUBE-SERVICES");
+    let nftables_gone = || nft_table(node, "ip").is_none() && nft_table(node, "ip6").is_none();
+    let mut failures = Vec::new();
+    for (to, old_gone) in [
+        (Mode::Nftables, &iptables_gone as &dyn Fn() -> bool),
+        (Mode::Iptables, &nftables_gone),
+    ] {
+        let (log, probes) = common::probe_during(
+            client,
+            vip,
+            Duration::from_millis(300),
+            Duration::from_millis(10),
+            || {
+                std::thread::sleep(Duration::from_millis(300));
+                drop(std::mem::replace(
+                    &mut proxy,
+                    Daemon::start(to, node, dir.path(), &args, None),
+                ));
+                proxy.wait_programmed(node);
+                proxy.wait_until("the old mode's rules removed", old_gone);
+                std::thread::sleep(Duration::from_millis(300));
+                proxy.log()
+            },
+        );
+        let (failed, span) = common::failures(&probes);
+        if !failed.is_empty() {
+            failures.push(format!(
+                "switching to {to:?}: {} of {} connections failed over {span:?}; first: {:?}",
+                failed.len(),
+                probes.len(),
+                failed[0]
+            ));
+        }
+        assert!(probes.len() >= 20, "only {} probes", probes.len());
+        assert!(
+            log.contains(if to == Mode::Nftables {
+                "removed the iptables-mode and IPVS-mode rules of an earlier run"
+            } else {
+                "removed the nftables-mode tables of an earlier run"
+            }),
+            "{log}"
+        );
+    }
+    assert!(failures.is_empty(), "{failures:#?}\n{}", proxy.log());
+}
+
 // ---------------------------------------------------------------------------------------
 // Real traffic
 // ---------------------------------------------------------------------------------------
@@ -1087,6 +1165,175 @@ fn a_failed_sync_keeps_the_rules_and_is_retried_iptables() {
 #[test]
 fn a_failed_sync_keeps_the_rules_and_is_retried_nftables() {
     a_failed_sync_keeps_the_rules_and_is_retried(Mode::Nftables);
+}
+
+/// Opens `fifo` for writing without blocking when the test ends, so that a fake blocked
+/// opening it for reading (a daemon that never killed it) ends instead of staying behind.
+struct Unblock(std::path::PathBuf);
+
+impl Drop for Unblock {
+    fn drop(&mut self) {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        // ENXIO when nobody reads it: nothing to unblock.
+        let _ = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(&self.0);
+    }
+}
+
+/// Processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.parse::<u32>().is_ok())
+        })
+        .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(needle))
+        .collect()
+}
+
+/// SIGTERM while a restore does not finish (a fake `iptables-nft-restore`, or `nft -f`, that
+/// takes its payload and then blocks): the daemon says what is in flight (the IPv4 sync and
+/// the command), waits the 10 s bound (well inside Kubernetes' 30 s grace period), kills the
+/// command and exits 0; the kernel holds the previous complete rules, none of the new ones.
+fn sigterm_during_a_restore_that_does_not_finish_is_bounded(mode: Mode) {
+    if !require_root() {
+        return;
+    }
+    let dir = tempdir();
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let flag = dir.path().join("hang");
+    let fifo = dir.path().join("never");
+    let hanging = dir.path().join("hanging");
+    let payload = dir.path().join("hung-payload");
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let _unblock = Unblock(fifo.clone());
+    let (program, when) = match mode {
+        Mode::Iptables => ("iptables-nft-restore", ""),
+        Mode::Nftables => ("nft", " && [ \"$1\" = \"-f\" ]"),
+        Mode::Ipvs | Mode::Userspace => unreachable!("iptables and nftables modes only"),
+    };
+    // Blocked in `read < fifo` (opening a FIFO nobody writes): the shell itself waits, with
+    // no process of its own that a kill would leave behind.
+    let script = format!(
+        "#!/bin/sh\nif [ -e {flag} ]{when}; then\n  cat > {payload}\n  : > {hanging}\n  read -r _ < {fifo}\n  exit 1\nfi\nexec {real} \"$@\"\n",
+        flag = flag.display(),
+        payload = payload.display(),
+        hanging = hanging.display(),
+        fifo = fifo.display(),
+        real = which(program).display()
+    );
+    std::fs::write(bin.join(program), script).unwrap();
+    assert!(
+        Command::new("chmod")
+            .arg("+x")
+            .arg(bin.join(program))
+            .status()
+            .unwrap()
+            .success()
+    );
+    let manifest = write(dir.path(), "cluster.yaml", SEED_CLUSTER);
+    let ns = Netns::new("sigterm").unwrap();
+    let mut args = vec!["--manifests", manifest.to_str().unwrap()];
+    args.extend(NODE_ARGS);
+    let mut proxy = Daemon::start(mode, &ns, dir.path(), &args, Some(&bin));
+    proxy.wait_programmed(&ns);
+    let before = mode.ruleset(&ns);
+    assert!(before.contains("10.0.1.2"), "{before}");
+
+    // The next restore takes its payload and blocks.
+    std::fs::write(&flag, "").unwrap();
+    write(
+        dir.path(),
+        "cluster.yaml",
+        &SEED_CLUSTER.replace("  - 10.0.1.2\n", "  - 10.0.0.5\n"),
+    );
+    wait_for(|| hanging.exists(), Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("no restore started\n{}", proxy.log()));
+    let sent = std::fs::read_to_string(&payload).unwrap();
+    assert!(
+        sent.contains("10.0.0.5"),
+        "the new rules were on their way:\n{sent}"
+    );
+
+    let pid = proxy.guard.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", pid.as_str()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = proxy.guard.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "still running 20 s after SIGTERM\n{}",
+            proxy.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let took = started.elapsed();
+    let log = proxy.log();
+    assert!(status.success(), "{status}\n{log}");
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(14),
+        "exited {took:?} after SIGTERM; the bound is 10 s\n{log}"
+    );
+    assert!(
+        log.contains("SIGTERM: waiting up to 10 s for the IPv4 "),
+        "what is in flight is said:\n{log}"
+    );
+    let named = log
+        .lines()
+        .find(|l| l.contains("SIGTERM: waiting up to 10 s"))
+        .unwrap();
+    assert!(
+        named.contains(program) && named.contains("(pid "),
+        "{named}"
+    );
+    assert!(
+        log.contains("still running after 10 s: exiting with the IPv4 ")
+            && log.contains(&format!("killing /bin/sh {}", bin.join(program).display())),
+        "{log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    assert_eq!(
+        mode.ruleset(&ns),
+        before,
+        "the kernel keeps the previous complete rules"
+    );
+    assert!(
+        processes_mentioning(&bin.display().to_string()).is_empty(),
+        "the blocked restore was left running: {:?}",
+        processes_mentioning(&bin.display().to_string())
+    );
+}
+
+#[test]
+fn sigterm_during_a_restore_that_does_not_finish_is_bounded_iptables() {
+    sigterm_during_a_restore_that_does_not_finish_is_bounded(Mode::Iptables);
+}
+
+#[test]
+fn sigterm_during_a_restore_that_does_not_finish_is_bounded_nftables() {
+    sigterm_during_a_restore_that_does_not_finish_is_bounded(Mode::Nftables);
 }
 
 // ---------------------------------------------------------------------------------------

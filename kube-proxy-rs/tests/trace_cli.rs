@@ -2036,3 +2036,337 @@ fn traces_a_tree_layout_dry_run() {
     );
     assert!(out.contains("no DNAT"), "{out}");
 }
+
+/// Runs the binary with `args`, its standard output a pipe whose reader is gone before
+/// anything is written (as `| head -c 100` once head has had its 100 bytes); returns the
+/// exit status and stderr.
+fn run_into_closed_pipe(args: &[&str]) -> (std::process::ExitStatus, String) {
+    use std::io::Read as _;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (child.wait().unwrap(), err)
+}
+
+/// `trace --json | head -c 100` (and the text output, and `--dry-run`, likewise): a reader
+/// that goes away ends the command quietly, with exit status 141 as SIGPIPE gives other Unix
+/// tools, not a panic (exit status 101, "failed printing to stdout: Broken pipe").
+#[test]
+fn a_closed_stdout_ends_trace_and_dry_run_quietly() {
+    let trace = [
+        "trace",
+        "--rules",
+        SEED_DUMP,
+        "--dst",
+        "10.96.138.71",
+        "--dport",
+        "8080",
+    ];
+    let mut json = trace.to_vec();
+    json.push("--json");
+    let dir = common::tempdir();
+    let seed = common::write(dir.path(), "cluster.yaml", SEED_CLUSTER);
+    let dry = [
+        "--dry-run",
+        "--manifests",
+        seed.to_str().unwrap(),
+        "--hostname-override=k8s-master",
+    ];
+    for args in [&json[..], &trace[..], &dry[..]] {
+        let (status, err) = run_into_closed_pipe(args);
+        assert_eq!(status.code(), Some(141), "{args:?}: {status}\n{err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("Broken pipe") && !err.contains("error"),
+            "{args:?}:\n{err}"
+        );
+    }
+}
+
+/// The seed with the NodePort Service `web` (30080) for IPVS mode's dry run.
+const SEED_WITH_NODEPORT: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.80
+  ports: [{port: 80, targetPort: 80, nodePort: 30080, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+endpoints:
+- addresses: [10.0.0.4]
+  nodeName: k8s-master
+- addresses: [10.0.1.2]
+  nodeName: k8s-worker
+ports: [{name: "", port: 80, protocol: TCP}]
+"#;
+
+/// IPVS mode's `--dry-run`, run in a namespace whose only address (198.51.100.7) is not the
+/// Node object's (192.168.56.10): the NodePort virtual servers are on the Node object's
+/// address, and the header says so; for a node whose Node object is not given, they are on
+/// this machine's address, and the header says that. The whole output then traces as IPVS
+/// mode with `--rules` alone (its IPVS table and ipsets of the packet's family), and
+/// `--ipvs`/`--ipsets` take the same file.
+#[test]
+fn a_whole_ipvs_dry_run_is_traced_with_its_table_and_the_node_objects_addresses() {
+    if !require_root() {
+        return;
+    }
+    let ns = Netns::new("dry-ipvs").unwrap();
+    ns.ip(["link", "add", "kp0", "type", "veth", "peer", "name", "kp1"])
+        .unwrap();
+    ns.ip(["addr", "add", "198.51.100.7/24", "dev", "kp0"])
+        .unwrap();
+    for dev in ["kp0", "kp1", "lo"] {
+        ns.ip(["link", "set", dev, "up"]).unwrap();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = common::write(
+        dir.path(),
+        "cluster.yaml",
+        &format!("{SEED_CLUSTER}\n---\n{SEED_WITH_NODEPORT}"),
+    );
+    let dry = |node: &str| {
+        let (ok, out, err) = run_in(
+            &ns,
+            &[
+                "--proxy-mode=ipvs",
+                "--dry-run",
+                "--manifests",
+                manifest.to_str().unwrap(),
+                &format!("--hostname-override={node}"),
+                "--cluster-cidr=10.0.0.0/16",
+            ],
+        );
+        assert!(ok, "{err}");
+        out
+    };
+    let out = dry("k8s-master");
+    assert!(out.contains("-A -t 192.168.56.10:30080 -s rr"), "{out}");
+    assert!(!out.contains("198.51.100.7:30080"), "{out}");
+    assert!(
+        out.contains(
+            "# NodePort virtual servers: on the addresses of Node k8s-master (its status.addresses: 192.168.56.10)"
+        ),
+        "{out}"
+    );
+    let other = dry("elsewhere");
+    assert!(other.contains("-A -t 198.51.100.7:30080 -s rr"), "{other}");
+    assert!(
+        other.contains("on the addresses of the machine this dry run ran on (198.51.100.7)"),
+        "{other}"
+    );
+
+    let file = dir.path().join("dry.txt");
+    std::fs::write(&file, &out).unwrap();
+    let f = file.to_str().unwrap();
+    // `--rules` alone: the ClusterIP and the NodePort go through IPVS.
+    let out = traced(&file, "--dst 10.96.138.71 --dport 8080");
+    assert!(
+        out.contains("-> IPVS TCP 10.96.138.71:8080  DNAT 10.0.0.4:80")
+            && out.contains("-> IPVS TCP 10.96.138.71:8080  DNAT 10.0.1.2:80"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "the rules are an IPVS-mode --dry-run: traced with its IPv4 IPVS table and ipsets"
+        ),
+        "{out}"
+    );
+    let out = traced(
+        &file,
+        "--node-ip 192.168.56.10 --dst 192.168.56.10 --dport 30080",
+    );
+    assert!(
+        out.contains("-> IPVS TCP 192.168.56.10:30080  DNAT 10.0.0.4:80"),
+        "{out}"
+    );
+    // `--ipvs` and `--ipsets` on the same file take its sections.
+    let (ok, out, err) = run(&[
+        "trace",
+        "--rules",
+        f,
+        "--ipvs",
+        f,
+        "--ipsets",
+        f,
+        "--dst",
+        "10.96.0.80",
+        "--dport",
+        "80",
+    ]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("-> IPVS TCP 10.96.0.80:80  DNAT 10.0.1.2:80"),
+        "{out}"
+    );
+    assert!(
+        out.contains("the IPVS table is the IPv4 one of the --dry-run output"),
+        "{out}"
+    );
+    // `--mode iptables` traces the iptables part alone (no DNAT: IPVS mode's rules accept).
+    let out = traced(&file, "--mode iptables --dst 10.96.138.71 --dport 8080");
+    assert!(!out.contains("-> IPVS"), "{out}");
+}
+
+/// iptables mode's `--dry-run` says, above the payload, that it is for `iptables-restore
+/// --noflush` (a table has several blocks: the canary chains follow the rules) and which nfacct
+/// counters it needs. Loaded as it says into a fresh namespace holding a foreign rule (without
+/// the counters the restore fails, as the header says; with them it loads), it leaves the
+/// foreign rule and holds exactly what the daemon's own `--once` writes into the same.
+#[test]
+fn an_iptables_dry_run_loads_as_its_header_says_into_what_the_daemon_writes() {
+    if !require_root() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = common::write(
+        dir.path(),
+        "cluster.yaml",
+        &format!("{SEED_CLUSTER}\n---\n{SEED_WITH_NODEPORT}"),
+    );
+    let args = [
+        "--manifests",
+        manifest.to_str().unwrap(),
+        "--hostname-override=k8s-master",
+        "--cluster-cidr=10.0.0.0/16",
+    ];
+    let foreign = "*filter\n-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT\nCOMMIT\n\
+                   *nat\n-A POSTROUTING -s 172.17.0.0/16 -j MASQUERADE\nCOMMIT\n";
+    let restore = |ns: &Netns, flags: &[&str], input: &str| {
+        let mut child = ns
+            .command("iptables-restore")
+            .args(flags)
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(child.stdin.as_mut().unwrap(), input.as_bytes()).unwrap();
+        drop(child.stdin.take());
+        child.wait_with_output().unwrap()
+    };
+    let fresh = Netns::new("dry-load").unwrap();
+    assert!(restore(&fresh, &[], foreign).status.success());
+    let mut dry = args.to_vec();
+    dry.push("--dry-run");
+    let (ok, out, err) = run_in(&fresh, &dry);
+    assert!(ok, "{err}");
+    let section = out
+        .split("# IPv4: iptables-restore input\n")
+        .nth(1)
+        .and_then(|s| s.split("# IPv6: ").next())
+        .unwrap_or_else(|| panic!("no IPv4 section:\n{out}"));
+    let header: Vec<&str> = section.lines().take_while(|l| l.starts_with('#')).collect();
+    assert!(
+        header
+            .iter()
+            .any(|l| l.contains("for `iptables-restore --noflush` only")),
+        "{header:?}"
+    );
+    // A table with two blocks: what a plain restore would get wrong.
+    assert_eq!(
+        section.lines().filter(|l| *l == "*nat").count(),
+        2,
+        "{section}"
+    );
+    let counters: Vec<String> = section
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split("--nfacct-name ").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .map(str::to_string)
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    if !counters.is_empty() {
+        for c in &counters {
+            assert!(
+                header
+                    .iter()
+                    .any(|l| l.contains(&format!("nfacct add {c}"))),
+                "the header names {c}: {header:?}"
+            );
+        }
+        let refused = restore(&fresh, &["--noflush"], section);
+        assert!(
+            !refused.status.success(),
+            "a restore without the nfacct counters fails, as the header says"
+        );
+        let mut nfacct = fresh.in_ns(kp_netlink::Nfacct::new).unwrap().unwrap();
+        for c in &counters {
+            kp_netlink::NfacctOps::add(&mut nfacct, c).unwrap();
+        }
+    }
+    let loaded = restore(&fresh, &["--noflush"], section);
+    assert!(
+        loaded.status.success(),
+        "iptables-restore --noflush: {}",
+        String::from_utf8_lossy(&loaded.stderr)
+    );
+    let daemon = Netns::new("dry-once").unwrap();
+    assert!(restore(&daemon, &[], foreign).status.success());
+    let mut once = args.to_vec();
+    once.push("--once");
+    let (ok, _, err) = run_in(&daemon, &once);
+    assert!(ok, "{err}");
+    // Both saves, without chain counters and with runs of spaces squeezed (`xt_nfacct`
+    // prints two after `--nfacct-name`).
+    let rules = |ns: &Netns| -> String {
+        common::save(ns, "iptables-save")
+            .lines()
+            .map(|l| l.split(" [").next().unwrap_or(l).to_string())
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let (from_dry, from_daemon) = (rules(&fresh), rules(&daemon));
+    assert!(from_dry.contains("-A KUBE-SVC-"), "{from_dry}");
+    assert!(from_dry.contains(":KUBE-PROXY-CANARY"), "{from_dry}");
+    assert!(
+        from_dry.contains("-A INPUT -p tcp -m tcp --dport 22 -j ACCEPT")
+            && from_dry.contains("-A POSTROUTING -s 172.17.0.0/16 -j MASQUERADE"),
+        "{from_dry}"
+    );
+    assert_eq!(
+        from_dry, from_daemon,
+        "the dry run loads what the daemon writes"
+    );
+}
+
+/// Userspace mode's whole `--dry-run` output traces through the proxy with `--rules` alone:
+/// the proxy table of the packet's family comes with it, as IPVS mode's IPVS table does.
+#[test]
+fn a_whole_userspace_dry_run_is_traced_through_its_proxy_table() {
+    let seed_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/seed-nginx");
+    let out = dry_run(
+        seed_dir,
+        &["--proxy-mode=userspace", "--cluster-cidr=10.0.0.0/16"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("dry.txt");
+    std::fs::write(&file, &out).unwrap();
+    let out = traced(&file, "--dst 10.96.138.71 --dport 8080");
+    assert!(
+        out.contains("connects to 10.0.0.4:80") && out.contains("connects to 10.0.1.2:80"),
+        "{out}"
+    );
+}

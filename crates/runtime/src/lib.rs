@@ -16,6 +16,10 @@
 //!   rules removed by someone else (upstream's `KUBE-PROXY-CANARY` chains); when something is
 //!   missing a full sync runs at once instead of at the next change or the hourly sync.
 //!
+//! Shutdown takes effect between syncs: a sync in flight runs on a blocking thread and is never
+//! abandoned half-way by the loop. [`Activity`] says what a loop is busy with, so the daemon can
+//! say what it waits for and bound that wait (kube-proxy-rs/src/shutdown.rs).
+//!
 //! Time comes from tokio, so tests run with paused time.
 
 use std::time::Duration;
@@ -130,6 +134,58 @@ pub trait SyncObserver: Send + Sync {
     }
 }
 
+/// What a sync loop is busy with right now ([`Activity`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Busy {
+    /// The loop's IP family.
+    pub family: IpFamily,
+    /// What it runs.
+    pub work: Work,
+    /// Since when (monotonic).
+    pub since: std::time::Instant,
+}
+
+/// The kinds of work a sync loop does on a blocking thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Work {
+    /// A sync that rewrites everything: the first one, a retry after a failure, a repair, the
+    /// periodic one, or one the changes asked for.
+    FullSync,
+    /// A sync of the changed Services only (the proxier may still decide on a full one).
+    Sync,
+    /// A [`Proxier::check_dataplane`] call.
+    Check,
+}
+
+impl std::fmt::Display for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Work::FullSync => "full sync",
+            Work::Sync => "sync",
+            Work::Check => "check of the rules",
+        })
+    }
+}
+
+/// What a sync loop is doing, shared with whoever wants to know: the daemon says at
+/// shutdown which sync (and which external command) it waits for. Cheap to clone (one
+/// shared cell); `None` while the loop waits for events or its next sync.
+#[derive(Debug, Clone, Default)]
+pub struct Activity(std::sync::Arc<std::sync::Mutex<Option<Busy>>>);
+
+impl Activity {
+    /// What the loop is busy with now, if anything.
+    pub fn current(&self) -> Option<Busy> {
+        self.0.lock().ok().and_then(|b| *b)
+    }
+
+    fn set(&self, busy: Option<Busy>) {
+        if let Ok(mut b) = self.0.lock() {
+            *b = busy;
+        }
+    }
+}
+
 /// An observer that does nothing.
 #[derive(Debug, Default)]
 pub struct NoObserver;
@@ -143,6 +199,7 @@ pub struct SyncLoop<P: Proxier + 'static> {
     cfg: RunnerConfig,
     stats: LoopStats,
     observer: std::sync::Arc<dyn SyncObserver>,
+    activity: Activity,
 }
 
 impl<P: Proxier + 'static> SyncLoop<P> {
@@ -154,7 +211,14 @@ impl<P: Proxier + 'static> SyncLoop<P> {
             cfg,
             stats: LoopStats::default(),
             observer: std::sync::Arc::new(NoObserver),
+            activity: Activity::default(),
         }
+    }
+
+    /// Records in `activity` what the loop is busy with (see [`Activity`]).
+    pub fn with_activity(mut self, activity: Activity) -> Self {
+        self.activity = activity;
+        self
     }
 
     /// Reports to `observer` (health, metrics) from now on.
@@ -295,11 +359,17 @@ impl<P: Proxier + 'static> SyncLoop<P> {
                 "proxier lost after an earlier failure".into(),
             ));
         };
+        self.activity.set(Some(Busy {
+            family: self.tracker.family(),
+            work: Work::Check,
+            since: std::time::Instant::now(),
+        }));
         let joined = tokio::task::spawn_blocking(move || {
             let result = proxier.check_dataplane();
             (proxier, result)
         })
         .await;
+        self.activity.set(None);
         let (proxier, result) = joined.map_err(|e| RuntimeError::Task(e.to_string()))?;
         self.proxier = Some(proxier);
         self.stats.checks += 1;
@@ -335,11 +405,19 @@ impl<P: Proxier + 'static> SyncLoop<P> {
             ));
         };
         let started = std::time::Instant::now();
+        // The first sync rewrites everything, as does one the changes ask to.
+        let full = changes.full_resync_needed || self.stats.syncs == 0;
+        self.activity.set(Some(Busy {
+            family: self.tracker.family(),
+            work: if full { Work::FullSync } else { Work::Sync },
+            since: started,
+        }));
         let joined = tokio::task::spawn_blocking(move || {
             let result = proxier.sync(&snapshot, &changes);
             (proxier, result, snapshot, changes)
         })
         .await;
+        self.activity.set(None);
         let (proxier, result, snapshot, changes) =
             joined.map_err(|e| RuntimeError::Task(e.to_string()))?;
         self.proxier = Some(proxier);

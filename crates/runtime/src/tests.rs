@@ -525,3 +525,66 @@ async fn the_check_interval_is_configurable() {
     assert_eq!(h.checks().len(), 5);
     h.finish().await;
 }
+
+/// A proxier whose syncs block until the test lets them through.
+struct GatedProxier(Mutex<std::sync::mpsc::Receiver<()>>);
+
+impl Proxier for GatedProxier {
+    fn mode(&self) -> ProxyMode {
+        ProxyMode::Iptables
+    }
+    fn family(&self) -> IpFamily {
+        IpFamily::V4
+    }
+    fn sync(&mut self, _: &Snapshot, changes: &Changes) -> Result<SyncReport, ProxierError> {
+        let _ = self.0.lock().unwrap().recv();
+        Ok(SyncReport {
+            full: changes.full_resync_needed,
+            ..SyncReport::default()
+        })
+    }
+    fn check_dataplane(&mut self) -> Result<bool, ProxierError> {
+        Ok(false)
+    }
+}
+
+/// While a sync runs, [`Activity`] says which (the first one is full); a stop requested then
+/// takes effect once it has finished, never in the middle (the daemon bounds that wait).
+#[tokio::test]
+async fn activity_names_the_sync_in_flight_and_a_stop_waits_for_it() {
+    let (gate, gated) = std::sync::mpsc::channel::<()>();
+    let activity = Activity::default();
+    let (tx, rx) = mpsc::channel(64);
+    let (stop, stopped) = oneshot::channel::<()>();
+    let sync_loop = SyncLoop::new(
+        Tracker::new(IpFamily::V4, "n1"),
+        GatedProxier(Mutex::new(gated)),
+        RunnerConfig::default(),
+    )
+    .with_activity(activity.clone());
+    let handle = tokio::spawn(sync_loop.run(rx, RunMode::Daemon, async {
+        let _ = stopped.await;
+    }));
+    assert_eq!(activity.current(), None, "idle before the initial list");
+    tx.send(synced()).await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let busy = loop {
+        if let Some(b) = activity.current() {
+            break b;
+        }
+        assert!(std::time::Instant::now() < deadline, "no sync started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!((busy.family, busy.work), (IpFamily::V4, Work::FullSync));
+    assert_eq!(busy.work.to_string(), "full sync");
+    stop.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !handle.is_finished(),
+        "the loop stopped in the middle of a sync"
+    );
+    gate.send(()).unwrap();
+    let stats = handle.await.unwrap().unwrap();
+    assert_eq!(stats.syncs, 1);
+    assert_eq!(activity.current(), None, "idle once the sync finished");
+}

@@ -653,3 +653,76 @@ items:
     }
     drop(http);
 }
+
+/// `n` more Services for a node's worth of rules (so that a start and a first sync take a
+/// while): `default/filler-<i>`, ClusterIP `10.97.<i/250>.<i%250+1>:80`, one endpoint each at
+/// `10.1.<i/250>.<i%250+1>:8080` that nothing serves, as `---` documents to append to a
+/// manifest.
+pub fn filler_services(n: usize) -> String {
+    let mut out = String::new();
+    for i in 0..n {
+        let (a, b) = (i / 250, i % 250 + 1);
+        out.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: filler-{i}, namespace: default}}\n\
+             spec:\n  clusterIP: 10.97.{a}.{b}\n  ports: [{{port: 80, targetPort: 8080, protocol: TCP}}]\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata:\n  name: filler-{i}-x\n  namespace: default\n  labels: {{kubernetes.io/service-name: filler-{i}}}\n\
+             addressType: IPv4\nendpoints:\n- addresses: [10.1.{a}.{b}]\n  nodeName: k8s-worker\n\
+             ports: [{{name: \"\", port: 8080, protocol: TCP}}]\n"
+        ));
+    }
+    out
+}
+
+/// One probe of [`probe_during`]: when it ended, and the answering backend or the error.
+#[derive(Debug, Clone)]
+pub struct Probe {
+    /// When the request ended.
+    pub at: std::time::Instant,
+    /// The backend's name, or the error.
+    pub outcome: Result<String, String>,
+}
+
+/// Runs `work` while a client in `ns` sends HTTP requests to `target` one after another, each
+/// a new connection with `timeout` (a pause of `pace` between them); returns `work`'s result
+/// and every probe.
+pub fn probe_during<T>(
+    ns: &Netns,
+    target: SocketAddr,
+    timeout: Duration,
+    pace: Duration,
+    work: impl FnOnce() -> T,
+) -> (T, Vec<Probe>) {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let prober = s.spawn(|| {
+            let mut probes = Vec::new();
+            kp_testkit::http_get_while(ns, target, 100_000, timeout, |r| {
+                probes.push(Probe {
+                    at: std::time::Instant::now(),
+                    outcome: match r {
+                        Ok(reply) => Ok(reply.name().to_string()),
+                        Err(e) => Err(format!("{e:?}")),
+                    },
+                });
+                std::thread::sleep(pace);
+                !stop.load(std::sync::atomic::Ordering::Relaxed)
+            });
+            probes
+        });
+        let result = work();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (result, prober.join().unwrap())
+    })
+}
+
+/// The failed probes of `probes`, and the time from the first failure to the last (zero
+/// without failures), for an assertion message.
+pub fn failures(probes: &[Probe]) -> (Vec<&Probe>, Duration) {
+    let failed: Vec<&Probe> = probes.iter().filter(|p| p.outcome.is_err()).collect();
+    let span = match (failed.first(), failed.last()) {
+        (Some(a), Some(b)) => b.at - a.at,
+        _ => Duration::ZERO,
+    };
+    (failed, span)
+}

@@ -666,6 +666,19 @@ pub fn cleanup_other_backend<I: Iptables + ?Sized>(ipt: &I) -> Result<CleanupPla
     cleanup_with(ipt, reconcile::CleanupScope::OtherBackend)
 }
 
+/// What stays of IPVS mode in the iptables rules once iptables mode has written its own
+/// (a node switched from IPVS mode, after iptables mode's first full sync): the chains only
+/// IPVS mode has and its jumps that iptables mode does not write
+/// ([`reconcile::CleanupScope::IpvsOnly`]). The chains both modes use are iptables mode's by
+/// then and stay, as do its jumps and canaries. Run it before IPVS mode's ipsets are
+/// destroyed: its rules reference them.
+///
+/// # Errors
+/// As [`cleanup`].
+pub fn cleanup_ipvs_leftovers<I: Iptables + ?Sized>(ipt: &I) -> Result<CleanupPlan, ProxierError> {
+    cleanup_with(ipt, reconcile::CleanupScope::IpvsOnly)
+}
+
 fn cleanup_with<I: Iptables + ?Sized>(
     ipt: &I,
     scope: reconcile::CleanupScope,
@@ -695,7 +708,7 @@ fn cleanup_with<I: Iptables + ?Sized>(
                 .is_some_and(|c| c == canary::KUBE_PROXY_CANARY)
         })
     });
-    if canary_in_mangle {
+    if canary_in_mangle && scope != reconcile::CleanupScope::IpvsOnly {
         plan.payload
             .get_or_insert_with(String::new)
             .push_str(&canary::mangle_cleanup_block());

@@ -405,6 +405,38 @@ pub enum CleanupScope {
     /// `KUBE-FIREWALL`, so its content does not tell whose it is; in a backend we do not use
     /// it can only be a duplicate of the rule we write in the other.
     OtherBackend,
+    /// IPVS mode's leftovers once iptables mode has written its own rules over them (a node
+    /// switched from IPVS mode): the chains only IPVS mode has ([`IPVS_ONLY_FILTER`],
+    /// [`IPVS_ONLY_NAT`]) and IPVS mode's jumps from the built-in chains that iptables mode
+    /// does not write (those into these chains, and `kube-proxy firewall rules` →
+    /// `KUBE-PROXY-FIREWALL`). The chains the two modes share, now iptables mode's, stay.
+    IpvsOnly,
+}
+
+/// The filter chains of IPVS mode that iptables mode does not have.
+pub(crate) const IPVS_ONLY_FILTER: [&str; 4] = [
+    crate::ipvs::names::KUBE_NODE_PORT,
+    crate::ipvs::names::KUBE_SOURCE_RANGES_FIREWALL,
+    crate::ipvs::names::KUBE_IPVS_FILTER,
+    crate::ipvs::names::KUBE_IPVS_OUT_FILTER,
+];
+
+/// The nat chains of IPVS mode that iptables mode does not have.
+pub(crate) const IPVS_ONLY_NAT: [&str; 2] = [
+    crate::ipvs::names::KUBE_NODE_PORT,
+    crate::ipvs::names::KUBE_LOAD_BALANCER,
+];
+
+/// Whether `line` (canonical `-A CHAIN ...`) is one of IPVS mode's jumps from the built-in
+/// chains of `table` that iptables mode does not write.
+fn ipvs_only_jump(table: &str, line: &str) -> bool {
+    let ipvs = crate::ipvs::JUMPS
+        .iter()
+        .any(|(t, chain, comment, target)| {
+            *t == table
+                && line == format!("-A {chain} -m comment --comment \"{comment}\" -j {target}")
+        });
+    ipvs && !KUBE_PROXY_JUMPS.iter().any(|j| j.rule == line)
 }
 
 /// Plans `--cleanup`: delete our jump rules from the built-in chains, then flush and delete
@@ -419,17 +451,38 @@ pub fn cleanup_payload(kernel: &KernelTables) -> CleanupPlan {
 pub fn cleanup_payload_in(kernel: &KernelTables, scope: CleanupScope) -> CleanupPlan {
     let mut plan = CleanupPlan::default();
     let mut out = String::new();
+    let ipvs_only = scope == CleanupScope::IpvsOnly;
     for (name, table, fixed) in [
-        ("filter", &kernel.filter, &CLEANUP_FILTER[..]),
-        ("nat", &kernel.nat, &CLEANUP_NAT[..]),
+        (
+            "filter",
+            &kernel.filter,
+            if ipvs_only {
+                &IPVS_ONLY_FILTER[..]
+            } else {
+                &CLEANUP_FILTER[..]
+            },
+        ),
+        (
+            "nat",
+            &kernel.nat,
+            if ipvs_only {
+                &IPVS_ONLY_NAT[..]
+            } else {
+                &CLEANUP_NAT[..]
+            },
+        ),
     ] {
         let mut ours: BTreeSet<String> = table
             .chains
             .iter()
-            .filter(|c| fixed.contains(&c.as_str()) || (name == "nat" && is_dynamic_chain(c)))
+            .filter(|c| {
+                fixed.contains(&c.as_str()) || (name == "nat" && !ipvs_only && is_dynamic_chain(c))
+            })
             .cloned()
             .collect();
-        if name == "filter"
+        if ipvs_only {
+            // KUBE-FIREWALL is iptables mode's now.
+        } else if name == "filter"
             && table.chains.contains(KUBE_FIREWALL)
             && scope == CleanupScope::OtherBackend
         {
@@ -482,9 +535,10 @@ pub fn cleanup_payload_in(kernel: &KernelTables, scope: CleanupScope) -> Cleanup
         let deletes: Vec<&String> = table
             .rules
             .iter()
-            .filter(|(from, _, target)| {
-                target.as_ref().is_some_and(|t| ours.contains(t))
-                    && is_builtin_jump(name, from, target.as_deref().unwrap_or(""))
+            .filter(|(from, line, target)| {
+                let builtin = is_builtin_jump(name, from, target.as_deref().unwrap_or(""));
+                (target.as_ref().is_some_and(|t| ours.contains(t)) && builtin)
+                    || (ipvs_only && builtin && ipvs_only_jump(name, line))
             })
             .map(|(_, line, _)| line)
             .collect();

@@ -403,3 +403,133 @@ fn zero_counters_first_only_when_asked() {
     assert!(p.contains("*nat\n-Z\n:KUBE-SERVICES - [0:0]\n"));
     assert_eq!(p.replace("-Z\n", ""), plain, "nothing else changes");
 }
+
+/// After iptables mode's first sync over IPVS mode's rules: IPVS mode's own chains and the
+/// jumps only it writes go; the shared chains (now iptables mode's), iptables mode's jumps,
+/// its per-Service chains and KUBE-FIREWALL stay.
+#[test]
+fn ipvs_leftovers_cleanup_removes_only_what_iptables_mode_does_not_use() {
+    let kernel = KernelTables {
+        filter: table(
+            &[
+                "INPUT",
+                "FORWARD",
+                "OUTPUT",
+                "KUBE-FIREWALL",
+                "KUBE-FORWARD",
+                "KUBE-PROXY-FIREWALL",
+                "KUBE-NODE-PORT",
+                "KUBE-SOURCE-RANGES-FIREWALL",
+                "KUBE-IPVS-FILTER",
+                "KUBE-IPVS-OUT-FILTER",
+                "KUBE-NODEPORTS",
+            ],
+            &[
+                ("INPUT", "-A INPUT -j KUBE-FIREWALL", Some("KUBE-FIREWALL")),
+                (
+                    "INPUT",
+                    "-A INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER",
+                    Some("KUBE-IPVS-FILTER"),
+                ),
+                (
+                    "INPUT",
+                    "-A INPUT -m comment --comment \"kubernetes health check rules\" -j KUBE-NODE-PORT",
+                    Some("KUBE-NODE-PORT"),
+                ),
+                (
+                    "INPUT",
+                    "-A INPUT -m comment --comment \"kube-proxy firewall rules\" -j KUBE-PROXY-FIREWALL",
+                    Some("KUBE-PROXY-FIREWALL"),
+                ),
+                (
+                    "INPUT",
+                    "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"kubernetes load balancer firewall\" -j KUBE-PROXY-FIREWALL",
+                    Some("KUBE-PROXY-FIREWALL"),
+                ),
+                (
+                    "INPUT",
+                    "-A INPUT -m comment --comment \"kubernetes health check service ports\" -j KUBE-NODEPORTS",
+                    Some("KUBE-NODEPORTS"),
+                ),
+                (
+                    "FORWARD",
+                    "-A FORWARD -m comment --comment \"kubernetes forwarding rules\" -j KUBE-FORWARD",
+                    Some("KUBE-FORWARD"),
+                ),
+                (
+                    "OUTPUT",
+                    "-A OUTPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-OUT-FILTER",
+                    Some("KUBE-IPVS-OUT-FILTER"),
+                ),
+                (
+                    "KUBE-SOURCE-RANGES-FIREWALL",
+                    "-A KUBE-SOURCE-RANGES-FIREWALL -j DROP",
+                    Some("DROP"),
+                ),
+                ("KUBE-FIREWALL", KUBE_FIREWALL_RULE, Some("DROP")),
+            ],
+        ),
+        nat: table(
+            &[
+                "PREROUTING",
+                "KUBE-SERVICES",
+                "KUBE-NODE-PORT",
+                "KUBE-LOAD-BALANCER",
+                "KUBE-SVC-A",
+            ],
+            &[
+                (
+                    "PREROUTING",
+                    "-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES",
+                    Some("KUBE-SERVICES"),
+                ),
+                (
+                    "KUBE-SERVICES",
+                    "-A KUBE-SERVICES -j KUBE-SVC-A",
+                    Some("KUBE-SVC-A"),
+                ),
+            ],
+        ),
+        ..KernelTables::default()
+    };
+    let plan = cleanup_payload_in(&kernel, CleanupScope::IpvsOnly);
+    let p = plan.payload.unwrap();
+    for gone in [
+        "-D INPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-FILTER\n",
+        "-D INPUT -m comment --comment \"kubernetes health check rules\" -j KUBE-NODE-PORT\n",
+        "-D INPUT -m comment --comment \"kube-proxy firewall rules\" -j KUBE-PROXY-FIREWALL\n",
+        "-D OUTPUT -m comment --comment \"kubernetes ipvs access filter\" -j KUBE-IPVS-OUT-FILTER\n",
+        "-X KUBE-IPVS-FILTER\n",
+        "-X KUBE-IPVS-OUT-FILTER\n",
+        "-X KUBE-SOURCE-RANGES-FIREWALL\n",
+        "-X KUBE-NODE-PORT\n",
+        "-X KUBE-LOAD-BALANCER\n",
+    ] {
+        assert!(p.contains(gone), "{gone:?} missing:\n{p}");
+    }
+    for kept in [
+        "KUBE-FIREWALL",
+        "KUBE-FORWARD",
+        "KUBE-NODEPORTS",
+        "KUBE-SERVICES",
+        "KUBE-SVC-A",
+        "load balancer firewall",
+    ] {
+        assert!(!p.contains(kept), "{kept} must stay:\n{p}");
+    }
+    assert_eq!(
+        p.matches("-X KUBE-NODE-PORT\n").count(),
+        2,
+        "filter and nat:\n{p}"
+    );
+    // A node without IPVS mode's leftovers: nothing to do.
+    let clean = KernelTables {
+        filter: table(&["INPUT", "KUBE-FORWARD"], &[]),
+        nat: table(&["PREROUTING", "KUBE-SERVICES"], &[]),
+        ..KernelTables::default()
+    };
+    assert_eq!(
+        cleanup_payload_in(&clean, CleanupScope::IpvsOnly),
+        CleanupPlan::default()
+    );
+}
